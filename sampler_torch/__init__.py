@@ -1,0 +1,1 @@
+"""mixrl samplers: the PyTorch actors (models, engine, precision recipes, gRPC client, envs)."""

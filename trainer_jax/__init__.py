@@ -1,0 +1,1 @@
+"""mixrl trainer: the JAX learner (models, kernels, corrected objective, rollout service, loop)."""

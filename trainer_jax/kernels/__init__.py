@@ -1,0 +1,1 @@
+"""Fused kernels for the trainer."""
