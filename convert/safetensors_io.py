@@ -1,0 +1,170 @@
+"""Read and write single safetensors files with numpy, for every dtype the weight formats use.
+
+The `safetensors` package's numpy binding knows no bf16 or fp8 dtypes, and the quantized exports
+need BF16, F8_E4M3, F8_E5M2 and F8_E8M0 alongside the integer types. The file format is small and
+fixed (https://github.com/huggingface/safetensors#format): an 8-byte little-endian header length,
+a JSON header mapping each name to ``{dtype, shape, data_offsets}`` (offsets relative to the end
+of the header), then the raw little-endian bytes, contiguous and in offset order. We implement it
+here over ``ml_dtypes`` and ``np.memmap`` so a reader touches one tensor at a time; the tests check
+that files written here load with the official ``safetensors.torch`` and vice versa.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+
+# safetensors dtype tag <-> numpy dtype. Order matters for the reverse map only where two tags
+# would share a dtype (none do).
+DTYPES: dict[str, np.dtype] = {
+    "BOOL": np.dtype(np.bool_),
+    "U8": np.dtype(np.uint8),
+    "I8": np.dtype(np.int8),
+    "U16": np.dtype(np.uint16),
+    "I16": np.dtype(np.int16),
+    "U32": np.dtype(np.uint32),
+    "I32": np.dtype(np.int32),
+    "U64": np.dtype(np.uint64),
+    "I64": np.dtype(np.int64),
+    "F16": np.dtype(np.float16),
+    "BF16": np.dtype(ml_dtypes.bfloat16),
+    "F32": np.dtype(np.float32),
+    "F64": np.dtype(np.float64),
+    "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
+    "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2),
+    "F8_E8M0": np.dtype(ml_dtypes.float8_e8m0fnu),
+}
+_TAGS: dict[np.dtype, str] = {v: k for k, v in DTYPES.items()}
+
+# A header larger than this is not a weight file we wrote or would accept (the reference
+# implementation caps it at 100 MB too); refusing early keeps a corrupt length from allocating GBs.
+MAX_HEADER_BYTES = 100 * 1024 * 1024
+
+
+class SafetensorsError(ValueError):
+    """A safetensors file is malformed, truncated, or asks for something it does not hold."""
+
+
+def dtype_tag(dtype: np.dtype) -> str:
+    """The safetensors tag for a numpy dtype, e.g. ``bfloat16 -> "BF16"``."""
+    try:
+        return _TAGS[np.dtype(dtype)]
+    except KeyError:
+        raise SafetensorsError(f"dtype {np.dtype(dtype)} has no safetensors tag") from None
+
+
+class SafetensorsFile:
+    """A lazily read safetensors file: the header is parsed up front, tensors on demand.
+
+    Every offset in the header is checked against the file size when the file is opened, so a
+    truncated or corrupt file fails here with its path in the message, not later with a segfault
+    or a silently short array.
+    """
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        size = self.path.stat().st_size
+        with open(self.path, "rb") as f:
+            raw_len = f.read(8)
+            if len(raw_len) < 8:
+                raise SafetensorsError(f"{self.path}: too short to be a safetensors file")
+            (header_len,) = struct.unpack("<Q", raw_len)
+            if header_len > MAX_HEADER_BYTES or 8 + header_len > size:
+                raise SafetensorsError(f"{self.path}: header length {header_len} is corrupt")
+            try:
+                header = json.loads(f.read(header_len))
+            except (UnicodeDecodeError, json.JSONDecodeError) as e:
+                raise SafetensorsError(f"{self.path}: header is not valid JSON ({e})") from None
+        if not isinstance(header, dict):
+            raise SafetensorsError(f"{self.path}: header is not a JSON object")
+        self.metadata: dict[str, str] = header.pop("__metadata__", None) or {}
+        self._data_start = 8 + header_len
+        data_len = size - self._data_start
+        self._entries: dict[str, tuple[np.dtype, tuple[int, ...], int, int]] = {}
+        for name, info in header.items():
+            try:
+                dtype = DTYPES[info["dtype"]]
+                shape = tuple(int(d) for d in info["shape"])
+                begin, end = (int(o) for o in info["data_offsets"])
+            except (KeyError, TypeError, ValueError):
+                raise SafetensorsError(
+                    f"{self.path}: tensor {name!r} has a malformed or unsupported header entry "
+                    f"{info!r}"
+                ) from None
+            expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+            if not 0 <= begin <= end <= data_len or end - begin != expected:
+                raise SafetensorsError(
+                    f"{self.path}: tensor {name!r} offsets [{begin}, {end}) do not fit its "
+                    f"shape {shape} {info['dtype']} in {data_len} data bytes (truncated file?)"
+                )
+            self._entries[name] = (dtype, shape, begin, end)
+
+    def keys(self) -> list[str]:
+        return list(self._entries)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._entries
+
+    def info(self, name: str) -> tuple[np.dtype, tuple[int, ...]]:
+        dtype, shape, _, _ = self._entry(name)
+        return dtype, shape
+
+    def get(self, name: str) -> np.ndarray:
+        """Read one tensor into memory (a private copy, safe to keep after the file changes)."""
+        dtype, shape, begin, end = self._entry(name)
+        if end == begin:
+            return np.zeros(shape, dtype)
+        mm = np.memmap(self.path, dtype=np.uint8, mode="r", offset=self._data_start + begin,
+                       shape=(end - begin,))
+        return np.array(mm.view(dtype).reshape(shape))
+
+    def _entry(self, name: str):
+        try:
+            return self._entries[name]
+        except KeyError:
+            raise KeyError(f"{self.path}: no tensor named {name!r}") from None
+
+
+def write_file(path: str | os.PathLike, tensors: Mapping[str, np.ndarray],
+               metadata: Mapping[str, str] | None = None) -> int:
+    """Write ``tensors`` to ``path`` as one safetensors file; returns the bytes written.
+
+    Writes to ``path + ".tmp"`` and renames, so a reader never sees a partial file.
+    """
+    path = Path(path)
+    header: dict[str, object] = {}
+    if metadata:
+        header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
+    offset = 0
+    arrays = []
+    for name, arr in tensors.items():
+        arr = np.asarray(arr)
+        nbytes = arr.size * arr.dtype.itemsize
+        header[name] = {"dtype": dtype_tag(arr.dtype), "shape": list(arr.shape),
+                        "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+        arrays.append(arr)
+    blob = json.dumps(header, separators=(",", ":")).encode()
+    blob += b" " * (-len(blob) % 8)  # data starts 8-byte aligned, as the reference writer does
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(struct.pack("<Q", len(blob)))
+        f.write(blob)
+        for arr in arrays:
+            f.write(np.ascontiguousarray(arr).astype(arr.dtype.newbyteorder("<"), copy=False)
+                    .tobytes())
+    os.replace(tmp, path)
+    return 8 + len(blob) + offset
+
+
+def iter_tensors(path: str | os.PathLike) -> Iterator[tuple[str, np.ndarray]]:
+    """Yield ``(name, array)`` for each tensor of one file, one in memory at a time."""
+    f = SafetensorsFile(path)
+    for name in f.keys():
+        yield name, f.get(name)
