@@ -1,0 +1,218 @@
+"""Qwen3 and Qwen3-MoE decoder in flax.nnx, numerically matching transformers' definitions.
+
+Shapes: B batch, T time, D hidden, H query heads, K key/value heads, G = H / K, E experts.
+Linear kernels are stored ``[in, out]`` (the HF ``[out, in]`` transpose); the name mapping to HF
+checkpoints lives in ``hf_params.py``.
+
+Packing: several sequences may share one row. ``segment_ids`` (0 = padding) keep attention inside
+a sequence and ``positions`` restart at each segment (derived from the segment ids if omitted).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from convert.qwen3_config import Qwen3Config
+
+Array = jax.Array
+
+
+class RMSNorm(nnx.Module):
+    """``w * x / sqrt(mean(x^2) + eps)``, normalised in fp32 then cast back, as transformers does."""
+
+    def __init__(self, dim: int, eps: float, *, param_dtype=jnp.float32):
+        self.weight = nnx.Param(jnp.ones((dim,), param_dtype))
+        self.eps = eps
+
+    def __call__(self, x: Array) -> Array:
+        x32 = x.astype(jnp.float32)
+        normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        return self.weight.value.astype(x.dtype) * normed.astype(x.dtype)
+
+
+def _linear(din: int, dout: int, dtype, param_dtype, rngs: nnx.Rngs) -> nnx.Linear:
+    return nnx.Linear(din, dout, use_bias=False, dtype=dtype, param_dtype=param_dtype,
+                      kernel_init=nnx.initializers.normal(0.02), rngs=rngs)
+
+
+def rope_cos_sin(positions: Array, head_dim: int, theta: float) -> tuple[Array, Array]:
+    """Rotary tables ``[B, T, head_dim]`` with the half-split (rotate_half) layout of HF."""
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
+    freqs = positions.astype(jnp.float32)[..., None] * inv_freq
+    emb = jnp.concatenate([freqs, freqs], axis=-1)
+    return jnp.cos(emb), jnp.sin(emb)
+
+
+def apply_rope(x: Array, cos: Array, sin: Array) -> Array:
+    """Rotate ``x [B, T, heads, hd]``; computed in fp32 for parity at any compute dtype."""
+    half = x.shape[-1] // 2
+    x32 = x.astype(jnp.float32)
+    rotated = jnp.concatenate([-x32[..., half:], x32[..., :half]], axis=-1)
+    out = x32 * cos[:, :, None, :] + rotated * sin[:, :, None, :]
+    return out.astype(x.dtype)
+
+
+def segment_positions(segment_ids: Array) -> Array:
+    """Positions restarting at 0 at every change of segment id along T."""
+    t = jnp.arange(segment_ids.shape[-1])
+    starts = jnp.concatenate(
+        [jnp.ones_like(segment_ids[:, :1], bool), segment_ids[:, 1:] != segment_ids[:, :-1]], -1)
+    first = jax.lax.cummax(jnp.where(starts, t, 0), axis=1)
+    return (t - first).astype(jnp.int32)
+
+
+class Attention(nnx.Module):
+    def __init__(self, cfg: Qwen3Config, *, dtype, param_dtype, rngs: nnx.Rngs):
+        d, hd = cfg.hidden_size, cfg.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = (
+            cfg.num_attention_heads, cfg.num_key_value_heads, hd)
+        self.rope_theta = cfg.rope_theta
+        self.q_proj = _linear(d, self.num_heads * hd, dtype, param_dtype, rngs)
+        self.k_proj = _linear(d, self.num_kv_heads * hd, dtype, param_dtype, rngs)
+        self.v_proj = _linear(d, self.num_kv_heads * hd, dtype, param_dtype, rngs)
+        self.o_proj = _linear(self.num_heads * hd, d, dtype, param_dtype, rngs)
+        # Qwen3: RMSNorm over each head's features, before RoPE.
+        self.q_norm = RMSNorm(hd, cfg.rms_norm_eps, param_dtype=param_dtype)
+        self.k_norm = RMSNorm(hd, cfg.rms_norm_eps, param_dtype=param_dtype)
+
+    def __call__(self, x: Array, positions: Array, mask: Array) -> Array:
+        b, t, _ = x.shape
+        k_heads, g, hd = self.num_kv_heads, self.num_heads // self.num_kv_heads, self.head_dim
+        q = self.q_norm(self.q_proj(x).reshape(b, t, self.num_heads, hd))
+        k = self.k_norm(self.k_proj(x).reshape(b, t, k_heads, hd))
+        v = self.v_proj(x).reshape(b, t, k_heads, hd)
+        cos, sin = rope_cos_sin(positions, hd, self.rope_theta)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        # GQA without repeating K/V: group the G query heads that share one K/V head.
+        q = q.reshape(b, t, k_heads, g, hd)
+        scores = jnp.einsum("btkgh,bskh->bkgts", q, k, preferred_element_type=jnp.float32)
+        scores = scores * (hd ** -0.5)
+        scores = jnp.where(mask[:, None, None], scores, jnp.finfo(jnp.float32).min)
+        probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+        out = jnp.einsum("bkgts,bskh->btkgh", probs, v).reshape(b, t, self.num_heads * hd)
+        return self.o_proj(out)
+
+
+class MLP(nnx.Module):
+    """SwiGLU: ``down(silu(gate(x)) * up(x))``."""
+
+    def __init__(self, d: int, f: int, *, dtype, param_dtype, rngs: nnx.Rngs):
+        self.gate_proj = _linear(d, f, dtype, param_dtype, rngs)
+        self.up_proj = _linear(d, f, dtype, param_dtype, rngs)
+        self.down_proj = _linear(f, d, dtype, param_dtype, rngs)
+
+    def __call__(self, x: Array) -> Array:
+        return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class MoE(nnx.Module):
+    """Softmax router over E experts, top-k, optional renormalisation of the k weights.
+
+    Experts run as grouped matmuls (``jax.lax.ragged_dot``) over token copies sorted by expert, so
+    each expert sees only its tokens and there is no Python loop over experts.
+    """
+
+    def __init__(self, cfg: Qwen3Config, *, dtype, param_dtype, rngs: nnx.Rngs):
+        d, f, e = cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts
+        self.num_experts, self.top_k, self.norm_topk_prob = (
+            e, cfg.num_experts_per_tok, cfg.norm_topk_prob)
+        self.dtype = dtype
+        self.gate = _linear(d, e, dtype, param_dtype, rngs)  # the router, [D, E]
+        init = nnx.initializers.normal(0.02)
+        self.gate_proj = nnx.Param(init(rngs.params(), (e, d, f), param_dtype))
+        self.up_proj = nnx.Param(init(rngs.params(), (e, d, f), param_dtype))
+        self.down_proj = nnx.Param(init(rngs.params(), (e, f, d), param_dtype))
+
+    def __call__(self, x: Array) -> Array:
+        b, t, d = x.shape
+        tokens = x.reshape(b * t, d)
+        logits = self.gate(tokens)
+        probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
+        weights, experts = jax.lax.top_k(probs, self.top_k)  # [N, k]
+        if self.norm_topk_prob:
+            weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
+        weights = weights.astype(x.dtype)  # transformers casts back before the weighted sum
+
+        flat_experts = experts.reshape(-1)
+        order = jnp.argsort(flat_experts, stable=True)
+        token_of_copy = order // self.top_k
+        group_sizes = jnp.bincount(flat_experts, length=self.num_experts).astype(jnp.int32)
+        xs = tokens[token_of_copy].astype(self.dtype)
+        w = lambda p: p.value.astype(self.dtype)
+        gate = jax.lax.ragged_dot(xs, w(self.gate_proj), group_sizes,
+                                  preferred_element_type=jnp.float32).astype(self.dtype)
+        up = jax.lax.ragged_dot(xs, w(self.up_proj), group_sizes,
+                                preferred_element_type=jnp.float32).astype(self.dtype)
+        hidden = jax.nn.silu(gate) * up
+        out = jax.lax.ragged_dot(hidden, w(self.down_proj), group_sizes,
+                                 preferred_element_type=jnp.float32).astype(self.dtype)
+        out = out * weights.reshape(-1)[order][:, None]
+        return jnp.zeros_like(tokens).at[token_of_copy].add(out.astype(x.dtype)).reshape(b, t, d)
+
+
+class DecoderLayer(nnx.Module):
+    def __init__(self, cfg: Qwen3Config, layer: int, *, dtype, param_dtype, rngs: nnx.Rngs):
+        kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, param_dtype=param_dtype)
+        self.self_attn = Attention(cfg, **kw)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps,
+                                                param_dtype=param_dtype)
+        self.mlp = (MoE(cfg, **kw) if cfg.layer_is_sparse(layer)
+                    else MLP(cfg.hidden_size, cfg.intermediate_size, **kw))
+
+    def __call__(self, x: Array, positions: Array, mask: Array) -> Array:
+        x = x + self.self_attn(self.input_layernorm(x), positions, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Qwen3(nnx.Module):
+    """Qwen3 / Qwen3-MoE causal LM. ``model(input_ids)`` returns logits ``[B, T, V]`` (fp32)."""
+
+    def __init__(self, cfg: Qwen3Config, *, dtype=jnp.float32, param_dtype=jnp.float32,
+                 rngs: nnx.Rngs | None = None):
+        rngs = rngs if rngs is not None else nnx.Rngs(0)
+        self.config = cfg
+        self.dtype = dtype
+        self.embed_tokens = nnx.Embed(cfg.vocab_size, cfg.hidden_size, dtype=dtype,
+                                      param_dtype=param_dtype,
+                                      embedding_init=nnx.initializers.normal(0.02), rngs=rngs)
+        self.layers = nnx.List([
+            DecoderLayer(cfg, i, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+            for i in range(cfg.num_hidden_layers)
+        ])
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, param_dtype=param_dtype)
+        self.lm_head = (None if cfg.tie_word_embeddings
+                        else _linear(cfg.hidden_size, cfg.vocab_size, dtype, param_dtype, rngs))
+
+    def lm_head_weight(self) -> Array:
+        """The output projection as ``[D, V]`` (the transposed embedding when tied)."""
+        if self.lm_head is None:
+            return self.embed_tokens.embedding.value.T
+        return self.lm_head.kernel.value
+
+    def hidden_states(self, input_ids: Array, *, positions: Array | None = None,
+                      segment_ids: Array | None = None) -> Array:
+        """Final-norm hidden states ``[B, T, D]``: what the fused LM-head loss consumes."""
+        input_ids = jnp.asarray(input_ids, jnp.int32)
+        b, t = input_ids.shape
+        if segment_ids is None:
+            segment_ids = jnp.ones((b, t), jnp.int32)
+        if positions is None:
+            positions = segment_positions(segment_ids)
+        idx = jnp.arange(t)
+        causal = idx[None, :, None] >= idx[None, None, :]
+        same = segment_ids[:, :, None] == segment_ids[:, None, :]
+        # A padding query (segment 0) still attends to itself so its softmax row is finite.
+        mask = (causal & same & (segment_ids[:, None, :] != 0)) | (idx[:, None] == idx[None, :])
+        x = self.embed_tokens(input_ids)
+        for layer in self.layers:
+            x = layer(x, positions, mask)
+        return self.norm(x)
+
+    def __call__(self, input_ids: Array, *, positions: Array | None = None,
+                 segment_ids: Array | None = None) -> Array:
+        h = self.hidden_states(input_ids, positions=positions, segment_ids=segment_ids)
+        w = self.lm_head_weight().astype(self.dtype)
+        return jnp.einsum("btd,dv->btv", h, w, preferred_element_type=jnp.float32)
