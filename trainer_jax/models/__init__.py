@@ -50,7 +50,7 @@ def save_hf(model: Qwen3, config: Qwen3Config, path: str | os.PathLike, *,
     ``dtype`` is the stored dtype name (default: the parameters' own, so the round trip is exact).
     """
     if dtype is None:
-        dtype = jnp.dtype(model.embed_tokens.embedding.value.dtype).name
+        dtype = jnp.dtype(model.embed_tokens.embedding.get_value().dtype).name
     if dtype not in _SAVE_DTYPES:
         raise ValueError(f"dtype {dtype!r}: expected one of {list(_SAVE_DTYPES)}")
     hf_config = config.to_hf_dict()

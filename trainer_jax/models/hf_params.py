@@ -86,17 +86,17 @@ def load_hf_tensors(model, get_tensor: Callable[[str], np.ndarray]) -> None:
             continue
         key = id(slot.param)
         if key not in stacked:
-            stacked[key] = np.zeros(slot.param.value.shape, np.float32)
+            stacked[key] = np.zeros(slot.param.get_value().shape, np.float32)
             pending.append((slot.param, stacked[key]))
         stacked[key][slot.expert] = value
     for param, value in pending:
-        param.value = jnp.asarray(value, dtype=param.value.dtype)
+        param.set_value(jnp.asarray(value, dtype=param.get_value().dtype))
 
 
 def iter_hf_tensors(model, dtype=None) -> Iterator[tuple[str, np.ndarray]]:
     """Yield ``(hf_name, array)`` in HF layout, one tensor at a time (cast to ``dtype`` if given)."""
     for name, slot in param_map(model).items():
-        value = np.asarray(slot.param.value)
+        value = np.asarray(slot.param.get_value())
         if slot.expert is not None:
             value = value[slot.expert]
         if slot.transpose:

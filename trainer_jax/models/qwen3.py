@@ -29,7 +29,7 @@ class RMSNorm(nnx.Module):
     def __call__(self, x: Array) -> Array:
         x32 = x.astype(jnp.float32)
         normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
-        return self.weight.value.astype(x.dtype) * normed.astype(x.dtype)
+        return self.weight.get_value().astype(x.dtype) * normed.astype(x.dtype)
 
 
 def _linear(din: int, dout: int, dtype, param_dtype, rngs: nnx.Rngs) -> nnx.Linear:
@@ -140,7 +140,7 @@ class MoE(nnx.Module):
         token_of_copy = order // self.top_k
         group_sizes = jnp.bincount(flat_experts, length=self.num_experts).astype(jnp.int32)
         xs = tokens[token_of_copy].astype(self.dtype)
-        w = lambda p: p.value.astype(self.dtype)
+        w = lambda p: p.get_value().astype(self.dtype)
         gate = jax.lax.ragged_dot(xs, w(self.gate_proj), group_sizes,
                                   preferred_element_type=jnp.float32).astype(self.dtype)
         up = jax.lax.ragged_dot(xs, w(self.up_proj), group_sizes,
@@ -189,8 +189,8 @@ class Qwen3(nnx.Module):
     def lm_head_weight(self) -> Array:
         """The output projection as ``[D, V]`` (the transposed embedding when tied)."""
         if self.lm_head is None:
-            return self.embed_tokens.embedding.value.T
-        return self.lm_head.kernel.value
+            return self.embed_tokens.embedding.get_value().T
+        return self.lm_head.kernel.get_value()
 
     def hidden_states(self, input_ids: Array, *, positions: Array | None = None,
                       segment_ids: Array | None = None) -> Array:
