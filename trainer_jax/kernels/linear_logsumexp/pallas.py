@@ -208,6 +208,9 @@ def _call_loop(kernel, s: _LoopShape, grid: int, out_shape, cfg: _Config, name: 
         partial(kernel, s=s),
         out_shape=out_shape,
         grid=(grid,),
+        # Explicit Triton params: a bare pallas_call on GPU now defaults to Mosaic GPU, which
+        # would stage whole-array refs through shared memory.
+        compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=2),
         interpret=cfg.interpret,
         name=name,
     )(*args)
