@@ -1,0 +1,189 @@
+"""Streaming export of HF-named float tensors to an HF directory in one weight format.
+
+``export_hf`` consumes ``(hf_name, array)`` pairs one at a time: projection weights go through
+the format's codec, everything else (embeddings, lm_head, norms, MoE router) is cast to bf16.
+Each tensor's name and shape are checked against the config as it arrives, and the set is
+checked complete at the end, before anything becomes visible. Quantization of the next tensors
+runs on a background thread while the current shard is written. The directory (shards, index,
+``config.json`` with the format's ``quantization_config``, extra JSON files such as
+``hf_quant_config.json``, tokenizer files, and ``manifest.json`` last) is built in a temp
+directory that is renamed into place, so a reader never sees half an export.
+
+Memory: the writer holds up to one shard (``max_shard_bytes``) of output plus the tensors in
+flight, never the whole model.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from pathlib import Path
+
+import numpy as np
+
+from convert.atomic import atomic_directory
+from convert.formats import Codec, get_codec, is_quantized_weight, module_of, unquantized_modules
+from convert.formats.numerics import QuantizationError, check_finite, to_bf16
+from convert.hf_checkpoint import DEFAULT_MAX_SHARD_BYTES, write_hf_checkpoint
+from convert.manifest import write_manifest
+from convert.qwen3_config import Qwen3Config, hf_tensor_shapes
+
+Tensors = Iterable[tuple[str, np.ndarray]]
+#: called after each source tensor is converted: (hf_name, source bytes)
+ProgressFn = Callable[[str, int], None]
+
+
+class ExportError(ValueError):
+    """The source tensors do not match the config (missing, unexpected or misshapen)."""
+
+
+def kv_scale_names(layer: int) -> tuple[str, str]:
+    """Where SGLang/vLLM read per-layer FP8 KV-cache scales."""
+    p = f"model.layers.{layer}.self_attn"
+    return f"{p}.k_scale", f"{p}.v_scale"
+
+
+def output_config(hf_config: Mapping, codec: Codec, *, kv_cache_fp8: bool = False) -> dict:
+    """The ``config.json`` of an export: the model config plus the format's block."""
+    cfg = Qwen3Config.from_hf_dict(dict(hf_config))
+    out = cfg.to_hf_dict()
+    out.pop("quantization_config", None)
+    out["torch_dtype"] = out["dtype"] = "bfloat16"
+    qc = codec.quantization_config(unquantized_modules(cfg), kv_cache_fp8=kv_cache_fp8)
+    if qc is not None:
+        out["quantization_config"] = qc
+    return out
+
+
+def convert_tensors(tensors: Tensors, cfg: Qwen3Config, codec: Codec, *,
+                    kv_scales: Mapping[int, tuple[float, float]] | None = None,
+                    input_amax: Mapping[str, float] | None = None,
+                    progress: ProgressFn | None = None) -> Iterator[tuple[str, np.ndarray]]:
+    """Yield the export's tensors for each source tensor, checking names and shapes.
+
+    ``kv_scales`` maps layer -> (k_scale, v_scale); ``input_amax`` maps a module name to its
+    calibrated activation max (used by nvfp4's ``input_scale``).
+    """
+    expected = hf_tensor_shapes(cfg)
+    seen: set[str] = set()
+    for name, arr in tensors:
+        arr = np.asarray(arr)
+        if name not in expected:
+            raise ExportError(f"source tensor {name!r} is not part of a {cfg.model_type} model "
+                              f"with this config")
+        if name in seen:
+            raise ExportError(f"source tensor {name!r} appears twice")
+        if tuple(arr.shape) != expected[name]:
+            raise ExportError(f"source tensor {name!r} has shape {tuple(arr.shape)}, the config "
+                              f"says {expected[name]}")
+        seen.add(name)
+        if is_quantized_weight(name) and codec.name != "bf16":
+            kwargs = {}
+            if input_amax and module_of(name) in input_amax:
+                kwargs["input_amax"] = input_amax[module_of(name)]
+            prefix = module_of(name)
+            for suffix, part in codec.quantize(arr, what=name, **kwargs).items():
+                yield f"{prefix}.{suffix}", part
+        else:
+            check_finite(arr, name)
+            yield name, to_bf16(arr)
+        if progress is not None:
+            progress(name, arr.nbytes)
+    missing = [n for n in expected if n not in seen]
+    if missing:
+        more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+        raise ExportError(f"source lacks {len(missing)} tensor(s) the config needs: "
+                          f"{', '.join(missing[:5])}{more}")
+    for layer, (k, v) in sorted((kv_scales or {}).items()):
+        if not 0 <= layer < cfg.num_hidden_layers:
+            raise ExportError(f"kv_scales for layer {layer}, model has {cfg.num_hidden_layers}")
+        for scale_name, value in zip(kv_scale_names(layer), (k, v), strict=True):
+            if not (np.isfinite(value) and value > 0):
+                raise QuantizationError(f"{scale_name}: KV scale must be positive, got {value}")
+            yield scale_name, np.asarray(value, np.float32).reshape(())
+
+
+class _Failure:
+    def __init__(self, exc: BaseException):
+        self.exc = exc
+
+
+_DONE = object()
+
+
+def prefetch(items: Iterator, depth: int = 2) -> Iterator:
+    """Run ``items`` on a background thread, ``depth`` results ahead of the consumer.
+
+    Exceptions from the producer re-raise in the consumer; if the consumer stops early the
+    producer is told to stop at its next item.
+    """
+    q: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def put(item) -> bool:
+        while not stop.is_set():
+            try:
+                q.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce() -> None:
+        try:
+            for item in items:
+                if not put(item):
+                    return
+            put(_DONE)
+        except BaseException as e:  # noqa: BLE001 - handed to the consumer
+            put(_Failure(e))
+
+    thread = threading.Thread(target=produce, name="mixrl-export-prefetch", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item = q.get()
+            if item is _DONE:
+                return
+            if isinstance(item, _Failure):
+                raise item.exc
+            yield item
+    finally:
+        stop.set()
+        thread.join()
+
+
+def export_hf(tensors: Tensors, hf_config: Mapping, out_dir: str | os.PathLike, fmt: str = "bf16",
+              *, copy_files_from: str | os.PathLike | None = None,
+              max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES, overwrite: bool = False,
+              kv_scales: Mapping[int, tuple[float, float]] | None = None,
+              input_amax: Mapping[str, float] | None = None,
+              progress: ProgressFn | None = None, metadata: Mapping | None = None) -> Path:
+    """Write ``tensors`` as an HF directory in format ``fmt`` at ``out_dir``, atomically.
+
+    Returns ``out_dir``. On any error (bad tensor, NaN/Inf, I/O) nothing is left behind and an
+    existing ``out_dir`` (with ``overwrite``) is untouched.
+    """
+    codec = get_codec(fmt)
+    src = dict(hf_config)
+    if src.get("quantization_config"):
+        raise ExportError("the source config already has a quantization_config; export from "
+                          "full-precision weights")
+    cfg = Qwen3Config.from_hf_dict(src)
+    config = output_config(src, codec, kv_cache_fp8=bool(kv_scales))
+    extra = codec.extra_files(unquantized_modules(cfg), kv_cache_fp8=bool(kv_scales))
+    out_dir = Path(out_dir)
+    started = time.time()
+    with atomic_directory(out_dir, overwrite=overwrite) as stage:
+        stream = convert_tensors(tensors, cfg, codec, kv_scales=kv_scales, input_amax=input_amax,
+                                 progress=progress)
+        # The stage directory exists (empty); write_hf_checkpoint builds its own temp beside it
+        # and swaps it in, then the manifest is added and the whole stage is renamed to out_dir.
+        write_hf_checkpoint(stage, prefetch(stream), config, max_shard_bytes=max_shard_bytes,
+                            copy_files_from=copy_files_from, extra_json=extra, overwrite=True)
+        write_manifest(stage, format=codec.name, model_type=cfg.model_type,
+                       created_unix=round(started, 3), **dict(metadata or {}))
+    return out_dir

@@ -1,0 +1,120 @@
+"""``manifest.json``: the sha256 and size of every file of an exported weight directory.
+
+Written last, inside the temp directory, so a directory that has one is complete. A sampler
+checks it before swapping weights (``check_manifest``); any difference means the directory
+must not be loaded. Layout::
+
+    {"manifest_version": 1, "format": "fp8_block", ...metadata...,
+     "files": {"config.json": {"sha256": "<hex>", "size": 1234}, ...}}
+
+Paths are relative to the directory, with ``/`` separators; ``manifest.json`` itself is not
+listed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+from convert.formats.numerics import parallel_map
+
+MANIFEST_NAME = "manifest.json"
+MANIFEST_VERSION = 1
+_CHUNK = 8 * 1024 * 1024
+
+
+class ManifestError(ValueError):
+    """A manifest is missing or malformed, or the files disagree with it."""
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb", buffering=0) as f:
+        buf = bytearray(_CHUNK)
+        view = memoryview(buf)
+        while n := f.readinto(buf):
+            h.update(view[:n])  # hashlib drops the GIL for large updates: files hash in parallel
+    return h.hexdigest()
+
+
+def _listed_files(root: Path) -> list[str]:
+    files = []
+    for p in sorted(root.rglob("*")):
+        if p.is_file() and p.name != MANIFEST_NAME:
+            files.append(p.relative_to(root).as_posix())
+    return files
+
+
+def build_manifest(root: str | os.PathLike, **metadata) -> dict:
+    """Hash every file under ``root`` (in parallel) and return the manifest dict."""
+    root = Path(root)
+    files = _listed_files(root)
+    digests = parallel_map(lambda rel: sha256_file(root / rel), files)
+    manifest: dict = {"manifest_version": MANIFEST_VERSION, **metadata}
+    manifest["files"] = {rel: {"sha256": d, "size": (root / rel).stat().st_size}
+                         for rel, d in zip(files, digests, strict=True)}
+    return manifest
+
+
+def write_manifest(root: str | os.PathLike, **metadata) -> dict:
+    """Write ``root/manifest.json`` describing every other file under ``root``."""
+    manifest = build_manifest(root, **metadata)
+    (Path(root) / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    return manifest
+
+
+def read_manifest(root: str | os.PathLike) -> dict:
+    path = Path(root) / MANIFEST_NAME
+    if not path.exists():
+        raise ManifestError(f"{path}: missing (an export is complete only with its manifest)")
+    try:
+        manifest = json.loads(path.read_text())
+        files = manifest["files"]
+        if not isinstance(files, Mapping):
+            raise TypeError("files is not an object")
+        for rel, entry in files.items():
+            if not isinstance(entry, Mapping) or not {"sha256", "size"} <= set(entry):
+                raise TypeError(f"entry for {rel!r} lacks sha256/size")
+    except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError) as e:
+        raise ManifestError(f"{path}: malformed ({e})") from None
+    return manifest
+
+
+def check_manifest(root: str | os.PathLike, *, hashes: bool = True) -> list[str]:
+    """Problems with ``root`` against its manifest, each naming the file; empty if all match.
+
+    Sizes are compared first (a truncated shard is caught without hashing); ``hashes`` then
+    re-hashes every file.
+    """
+    root = Path(root)
+    try:
+        manifest = read_manifest(root)
+    except ManifestError as e:
+        return [str(e)]
+    problems = []
+    listed = manifest["files"]
+    for rel in _listed_files(root):
+        if rel not in listed:
+            problems.append(f"{root / rel}: not listed in {MANIFEST_NAME}")
+    to_hash = []
+    for rel, entry in listed.items():
+        path = root / rel
+        if not path.is_file():
+            problems.append(f"{path}: listed in {MANIFEST_NAME} but missing")
+            continue
+        size = path.stat().st_size
+        if size != entry["size"]:
+            problems.append(f"{path}: size {size} bytes, {MANIFEST_NAME} says {entry['size']} "
+                            "(truncated or replaced)")
+            continue
+        to_hash.append(rel)
+    if hashes:
+        digests = parallel_map(lambda rel: sha256_file(root / rel), to_hash)
+        for rel, digest in zip(to_hash, digests, strict=True):
+            if digest != listed[rel]["sha256"]:
+                problems.append(f"{root / rel}: sha256 {digest[:16]}... does not match "
+                                f"{MANIFEST_NAME} ({listed[rel]['sha256'][:16]}...); corrupt")
+    return problems
