@@ -24,9 +24,7 @@ Array = jax.Array
 
 
 class AggregationFn(Protocol):
-    def __call__(
-        self, per_token: Array, mask: Array, seq_ids: Array, config: ObjectiveConfig
-    ) -> Array: ...
+    def __call__(self, per_token: Array, mask: Array, seq_ids: Array, config: ObjectiveConfig) -> Array: ...
 
 
 AGGREGATIONS: Registry[AggregationFn] = Registry("aggregation")
@@ -39,9 +37,7 @@ def token_mean(per_token: Array, mask: Array, seq_ids: Array, config: ObjectiveC
 
 
 @AGGREGATIONS.register("seq_mean_token_mean")
-def seq_mean_token_mean(
-    per_token: Array, mask: Array, seq_ids: Array, config: ObjectiveConfig
-) -> Array:
+def seq_mean_token_mean(per_token: Array, mask: Array, seq_ids: Array, config: ObjectiveConfig) -> Array:
     """L = mean over sequences s with >= 1 token of ( sum_{t in s} m_t l_t / sum_{t in s} m_t )."""
     n = per_token.shape[0]
     seq_sum = jax.ops.segment_sum(per_token * mask, seq_ids, num_segments=n)

@@ -73,9 +73,7 @@ def _masked_logsumexp(x: Array, mask: Array) -> Array:
     return jnp.where(has, jnp.log(jnp.where(has, s, 1.0)) + m[..., 0], -jnp.inf)
 
 
-def token_terms(
-    hidden: Array, lm_head: Array, batch: TokenBatch, config: ObjectiveConfig
-) -> TokenTerms:
+def token_terms(hidden: Array, lm_head: Array, batch: TokenBatch, config: ObjectiveConfig) -> TokenTerms:
     """Compute l_t and the diagnostics for every token (see the module docstring)."""
     batch.check_shapes()
     if hidden.ndim != 2 or lm_head.ndim != 2 or lm_head.shape[0] != hidden.shape[1]:
@@ -89,15 +87,13 @@ def token_terms(
     f32 = jnp.float32
 
     # ---- trainer logits: lse from the kernel, everything else gathered at named ids ----------
-    ids = jnp.concatenate(
-        [batch.token_ids[:, None], batch.head_ids, batch.support_ids], axis=1
-    ).astype(jnp.int32)
+    ids = jnp.concatenate([batch.token_ids[:, None], batch.head_ids, batch.support_ids], axis=1).astype(
+        jnp.int32
+    )
     in_vocab = (ids >= 0) & (ids < v)
     safe_ids = jnp.where(in_vocab, ids, 0)
     block = config.gather_block_size or default_block_size(n, d, ids.shape[1])
-    lse, entropy, z = lse_and_logits_at(
-        hidden, lm_head, safe_ids, batch.temperature, config.impl, block
-    )
+    lse, entropy, z = lse_and_logits_at(hidden, lm_head, safe_ids, batch.temperature, config.impl, block)
     z_x, z_head, z_sup = z[:, 0], z[:, 1 : 1 + k], z[:, 1 + k :]
 
     sup_ok = in_vocab[:, 1 + k :]
@@ -199,16 +195,12 @@ def policy_loss(
     terms = token_terms(hidden, lm_head, batch, config)
     mask = terms.valid.astype(jnp.float32)
     loss = AGGREGATIONS.get(config.aggregation)(terms.loss, mask, batch.seq_ids, config)
-    metrics = token_metrics(
-        jax.tree.map(sg, terms.metrics), mask, batch.group_ids, config.num_groups
-    )
+    metrics = token_metrics(jax.tree.map(sg, terms.metrics), mask, batch.group_ids, config.num_groups)
     # "dropped" counts over loss-mask tokens, not over the valid ones.
     policy = (batch.loss_mask > 0).astype(jnp.float32)
     dropped = policy * (1.0 - mask)
     metrics["dropped"] = Metric(dropped.sum(), policy.sum())
     if batch.group_ids is not None:
-        onehot = (batch.group_ids[:, None] == jnp.arange(config.num_groups)[None, :]).astype(
-            jnp.float32
-        )
+        onehot = (batch.group_ids[:, None] == jnp.arange(config.num_groups)[None, :]).astype(jnp.float32)
         metrics["group/dropped"] = Metric(onehot.T @ dropped, onehot.T @ policy)
     return loss.astype(jnp.float32), metrics

@@ -38,9 +38,7 @@ class Registry(Generic[F]):
         try:
             return self._entries[name]
         except KeyError:
-            raise KeyError(
-                f"unknown {self.kind} {name!r}; registered: {', '.join(self.names())}"
-            ) from None
+            raise KeyError(f"unknown {self.kind} {name!r}; registered: {', '.join(self.names())}") from None
 
     def names(self) -> tuple[str, ...]:
         return tuple(self._entries)

@@ -33,9 +33,7 @@ class WeightFn(Protocol):
 
 
 class CenteringFn(Protocol):
-    def __call__(
-        self, p: Array, b: Array, r: Array, rho: Array, c_min: float, c_max: float
-    ) -> Array: ...
+    def __call__(self, p: Array, b: Array, r: Array, rho: Array, c_min: float, c_max: float) -> Array: ...
 
 
 IMPORTANCE_WEIGHTS: Registry[WeightFn] = Registry("importance-weight mode")
@@ -66,25 +64,19 @@ def weight_mis(r: Array, c_min: float, c_max: float) -> Array:
 
 
 @SCORE_CENTERING.register("none")
-def centering_none(
-    p: Array, b: Array, r: Array, rho: Array, c_min: float, c_max: float
-) -> Array:
+def centering_none(p: Array, b: Array, r: Array, rho: Array, c_min: float, c_max: float) -> Array:
     """coef = b - rho p  (w = 1: b w(p/b) = b, rho w(1/rho) = rho)."""
     return b - rho * p
 
 
 @SCORE_CENTERING.register("tis")
-def centering_tis(
-    p: Array, b: Array, r: Array, rho: Array, c_min: float, c_max: float
-) -> Array:
+def centering_tis(p: Array, b: Array, r: Array, rho: Array, c_min: float, c_max: float) -> Array:
     """coef = min(p, c_max b) - min(1, c_max rho) p  (b min(p/b, c) = min(p, c b))."""
     return jnp.minimum(p, c_max * b) - jnp.minimum(1.0, c_max * rho) * p
 
 
 @SCORE_CENTERING.register("mis")
-def centering_mis(
-    p: Array, b: Array, r: Array, rho: Array, c_min: float, c_max: float
-) -> Array:
+def centering_mis(p: Array, b: Array, r: Array, rho: Array, c_min: float, c_max: float) -> Array:
     """coef = p 1[c_min <= p/b <= c_max] - alpha p,  alpha = 1[c_min <= 1/rho <= c_max].
 
     The head indicator uses the same ratio r = p/b as the token weight so both sides of the
