@@ -21,11 +21,15 @@ def _reference_logits(model, ids):
         return model(ids).logits.float().numpy()
 
 
-@pytest.mark.parametrize("name", sorted(ALL_CONFIGS))
-def test_jax_logits_match_transformers(hf_model_dir, name):
+JAX_CASES = [(name, None) for name in sorted(ALL_CONFIGS)] + [
+    (name, "ragged_dot") for name in sorted(ALL_CONFIGS) if "moe" in name]
+
+
+@pytest.mark.parametrize("name, moe_impl", JAX_CASES)
+def test_jax_logits_match_transformers(hf_model_dir, name, moe_impl):
     path, hf = hf_model_dir(name)
     ids = _ids(hf.config.vocab_size)
-    model, cfg = jax_models.load_hf(path, dtype=jnp.float32)
+    model, cfg = jax_models.load_hf(path, dtype=jnp.float32, moe_impl=moe_impl)
     assert cfg.is_moe == ("moe" in name)
     logits = np.asarray(model(jnp.asarray(ids.numpy(), jnp.int32)))
     assert logits.shape == (2, 13, hf.config.vocab_size)

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from convert.qwen3_config import Qwen3Config
+from trainer_jax.models.grouped_matmul import grouped_matmul
 
 Array = jax.Array
 
@@ -110,15 +111,18 @@ class MLP(nnx.Module):
 class MoE(nnx.Module):
     """Softmax router over E experts, top-k, optional renormalisation of the k weights.
 
-    Experts run as grouped matmuls (``jax.lax.ragged_dot``) over token copies sorted by expert, so
-    each expert sees only its tokens and there is no Python loop over experts.
+    Experts run as grouped matmuls (``grouped_matmul``: ``ragged_dot`` on accelerators, a blocked
+    scan on CPU) over token copies sorted by expert, so each expert sees only its tokens and there
+    is no Python loop over experts.
     """
 
-    def __init__(self, cfg: Qwen3Config, *, dtype, param_dtype, rngs: nnx.Rngs):
+    def __init__(self, cfg: Qwen3Config, *, dtype, param_dtype, rngs: nnx.Rngs,
+                 moe_impl: str | None = None):
         d, f, e = cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts
         self.num_experts, self.top_k, self.norm_topk_prob = (
             e, cfg.num_experts_per_tok, cfg.norm_topk_prob)
         self.dtype = dtype
+        self.moe_impl = moe_impl
         self.gate = _linear(d, e, dtype, param_dtype, rngs)  # the router, [D, E]
         init = nnx.initializers.normal(0.02)
         self.gate_proj = nnx.Param(init(rngs.params(), (e, d, f), param_dtype))
@@ -140,26 +144,26 @@ class MoE(nnx.Module):
         token_of_copy = order // self.top_k
         group_sizes = jnp.bincount(flat_experts, length=self.num_experts).astype(jnp.int32)
         xs = tokens[token_of_copy].astype(self.dtype)
-        w = lambda p: p.get_value().astype(self.dtype)
-        gate = jax.lax.ragged_dot(xs, w(self.gate_proj), group_sizes,
-                                  preferred_element_type=jnp.float32).astype(self.dtype)
-        up = jax.lax.ragged_dot(xs, w(self.up_proj), group_sizes,
-                                preferred_element_type=jnp.float32).astype(self.dtype)
-        hidden = jax.nn.silu(gate) * up
-        out = jax.lax.ragged_dot(hidden, w(self.down_proj), group_sizes,
-                                 preferred_element_type=jnp.float32).astype(self.dtype)
+
+        def experts_matmul(inputs, param):
+            return grouped_matmul(inputs, param.get_value().astype(self.dtype), group_sizes,
+                                  impl=self.moe_impl).astype(self.dtype)
+
+        hidden = jax.nn.silu(experts_matmul(xs, self.gate_proj)) * experts_matmul(xs, self.up_proj)
+        out = experts_matmul(hidden, self.down_proj)
         out = out * weights.reshape(-1)[order][:, None]
         return jnp.zeros_like(tokens).at[token_of_copy].add(out.astype(x.dtype)).reshape(b, t, d)
 
 
 class DecoderLayer(nnx.Module):
-    def __init__(self, cfg: Qwen3Config, layer: int, *, dtype, param_dtype, rngs: nnx.Rngs):
+    def __init__(self, cfg: Qwen3Config, layer: int, *, dtype, param_dtype, rngs: nnx.Rngs,
+                 moe_impl: str | None = None):
         kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, param_dtype=param_dtype)
         self.self_attn = Attention(cfg, **kw)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps,
                                                 param_dtype=param_dtype)
-        self.mlp = (MoE(cfg, **kw) if cfg.layer_is_sparse(layer)
+        self.mlp = (MoE(cfg, **kw, moe_impl=moe_impl) if cfg.layer_is_sparse(layer)
                     else MLP(cfg.hidden_size, cfg.intermediate_size, **kw))
 
     def __call__(self, x: Array, positions: Array, mask: Array) -> Array:
@@ -171,7 +175,7 @@ class Qwen3(nnx.Module):
     """Qwen3 / Qwen3-MoE causal LM. ``model(input_ids)`` returns logits ``[B, T, V]`` (fp32)."""
 
     def __init__(self, cfg: Qwen3Config, *, dtype=jnp.float32, param_dtype=jnp.float32,
-                 rngs: nnx.Rngs | None = None):
+                 rngs: nnx.Rngs | None = None, moe_impl: str | None = None):
         rngs = rngs if rngs is not None else nnx.Rngs(0)
         self.config = cfg
         self.dtype = dtype
@@ -179,7 +183,7 @@ class Qwen3(nnx.Module):
                                       param_dtype=param_dtype,
                                       embedding_init=nnx.initializers.normal(0.02), rngs=rngs)
         self.layers = nnx.List([
-            DecoderLayer(cfg, i, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+            DecoderLayer(cfg, i, dtype=dtype, param_dtype=param_dtype, rngs=rngs, moe_impl=moe_impl)
             for i in range(cfg.num_hidden_layers)
         ])
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, param_dtype=param_dtype)
