@@ -58,15 +58,9 @@ def output_config(hf_config: Mapping, codec: Codec, *, kv_cache_fp8: bool = Fals
     return out
 
 
-def convert_tensors(tensors: Tensors, cfg: Qwen3Config, codec: Codec, *,
-                    kv_scales: Mapping[int, tuple[float, float]] | None = None,
-                    input_amax: Mapping[str, float] | None = None,
-                    progress: ProgressFn | None = None) -> Iterator[tuple[str, np.ndarray]]:
-    """Yield the export's tensors for each source tensor, checking names and shapes.
-
-    ``kv_scales`` maps layer -> (k_scale, v_scale); ``input_amax`` maps a module name to its
-    calibrated activation max (used by nvfp4's ``input_scale``).
-    """
+def checked_tensors(tensors: Tensors, cfg: Qwen3Config) -> Iterator[tuple[str, np.ndarray]]:
+    """Pass ``tensors`` through, checking each name and shape against ``cfg`` as it arrives and
+    that none is missing at the end (so a consumer fails before publishing anything)."""
     expected = hf_tensor_shapes(cfg)
     seen: set[str] = set()
     for name, arr in tensors:
@@ -80,6 +74,24 @@ def convert_tensors(tensors: Tensors, cfg: Qwen3Config, codec: Codec, *,
             raise ExportError(f"source tensor {name!r} has shape {tuple(arr.shape)}, the config "
                               f"says {expected[name]}")
         seen.add(name)
+        yield name, arr
+    missing = [n for n in expected if n not in seen]
+    if missing:
+        more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+        raise ExportError(f"source lacks {len(missing)} tensor(s) the config needs: "
+                          f"{', '.join(missing[:5])}{more}")
+
+
+def convert_tensors(tensors: Tensors, cfg: Qwen3Config, codec: Codec, *,
+                    kv_scales: Mapping[int, tuple[float, float]] | None = None,
+                    input_amax: Mapping[str, float] | None = None,
+                    progress: ProgressFn | None = None) -> Iterator[tuple[str, np.ndarray]]:
+    """Yield the export's tensors for each source tensor (names and shapes checked).
+
+    ``kv_scales`` maps layer -> (k_scale, v_scale); ``input_amax`` maps a module name to its
+    calibrated activation max (used by nvfp4's ``input_scale``).
+    """
+    for name, arr in checked_tensors(tensors, cfg):
         if is_quantized_weight(name) and codec.name != "bf16":
             kwargs = {}
             if input_amax and module_of(name) in input_amax:
@@ -92,11 +104,6 @@ def convert_tensors(tensors: Tensors, cfg: Qwen3Config, codec: Codec, *,
             yield name, to_bf16(arr)
         if progress is not None:
             progress(name, arr.nbytes)
-    missing = [n for n in expected if n not in seen]
-    if missing:
-        more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
-        raise ExportError(f"source lacks {len(missing)} tensor(s) the config needs: "
-                          f"{', '.join(missing[:5])}{more}")
     for layer, (k, v) in sorted((kv_scales or {}).items()):
         if not 0 <= layer < cfg.num_hidden_layers:
             raise ExportError(f"kv_scales for layer {layer}, model has {cfg.num_hidden_layers}")

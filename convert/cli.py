@@ -1,0 +1,290 @@
+"""``mixrl-convert``: weight formats and checkpoints from the command line.
+
+Commands::
+
+    mixrl-convert import   --hf DIR --out CKPT            HF safetensors -> mixrl orbax checkpoint
+    mixrl-convert export   --checkpoint CKPT --out DIR [--format F]   orbax (or HF) -> HF dir
+    mixrl-convert quantize --in HF_DIR --format F --out DIR           HF -> quantized HF dir
+    mixrl-convert publish  --in SRC --root ROOT --version V --format F [--format F ...]
+    mixrl-convert verify   DIR                            manifest, shards, tensors vs config
+    mixrl-convert inspect  DIR [--against HF_DIR]         per-tensor dequantization error
+
+Every write is atomic (temp directory + rename): on any error nothing is left behind. Errors
+print one clear message on stderr and exit with status 1 (2 for usage errors).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+from convert.formats import FORMATS
+
+EXIT_ERROR = 1
+
+
+def _console(stderr: bool = True):
+    from rich.console import Console
+
+    return Console(stderr=stderr, highlight=False)
+
+
+@contextmanager
+def _progress(label: str, total: int | None, enabled: bool = True) -> Iterator[Callable]:
+    """A rich progress bar over tensors; yields ``advance(name, nbytes)``."""
+    if not enabled:
+        yield lambda name, nbytes: None
+        return
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("{task.fields[gb]:.2f} GB"), TimeElapsedColumn(),
+                  TimeRemainingColumn(), TextColumn("{task.fields[tensor]}"),
+                  console=_console(), transient=False) as bar:
+        task = bar.add_task(label, total=total, gb=0.0, tensor="")
+        done = [0]
+
+        def advance(name: str, nbytes: int) -> None:
+            done[0] += nbytes
+            bar.update(task, advance=1, gb=done[0] / 1e9, tensor=name)
+
+        yield advance
+
+
+def _count_tensors(hf_config: dict) -> int | None:
+    from convert.qwen3_config import Qwen3Config, hf_tensor_shapes
+
+    try:
+        return len(hf_tensor_shapes(Qwen3Config.from_hf_dict(hf_config)))
+    except ValueError:
+        return None
+
+
+def _counted(tensors, advance):
+    for name, arr in tensors:
+        yield name, arr
+        advance(name, arr.nbytes)
+
+
+# ---------------------------------------------------------------------------------------------
+# Commands
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    from convert.export import checked_tensors
+    from convert.hf_checkpoint import HFCheckpoint
+    from convert.orbax_io import save_orbax
+    from convert.qwen3_config import Qwen3Config
+
+    hf = HFCheckpoint(args.hf)
+    if hf.config.get("quantization_config"):
+        raise ValueError(f"{args.hf}: config.json has a quantization_config; import needs "
+                         "full-precision (bf16/fp16/fp32) weights")
+    cfg = Qwen3Config.from_hf_dict(hf.config)
+    with _progress("import", _count_tensors(hf.config), not args.quiet) as advance:
+        out = save_orbax(args.out, _counted(checked_tensors(hf.tensors(), cfg), advance),
+                         hf.config, copy_files_from=args.hf, overwrite=args.overwrite)
+    _console().print(f"wrote orbax checkpoint {out}")
+    return 0
+
+
+def _export(src: str, out: str, fmt: str, args: argparse.Namespace, label: str) -> int:
+    from convert.export import export_hf
+    from convert.sources import open_source
+
+    source = open_source(src)
+    with _progress(label, _count_tensors(source.hf_config), not args.quiet) as advance:
+        path = export_hf(source.open(), source.hf_config, out, fmt,
+                         copy_files_from=source.files_dir, max_shard_bytes=args.max_shard_bytes,
+                         overwrite=args.overwrite, progress=advance)
+    _console().print(f"wrote {fmt} export {path}")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    return _export(args.checkpoint, args.out, args.format, args, "export")
+
+
+def cmd_quantize(args: argparse.Namespace) -> int:
+    return _export(args.input, args.out, args.format, args, f"quantize {args.format}")
+
+
+def cmd_publish(args: argparse.Namespace) -> int:
+    from convert.publish import publish
+    from convert.sources import open_source
+
+    source = open_source(args.input)
+    total = _count_tensors(source.hf_config)
+    formats = list(dict.fromkeys(args.format))
+    with _progress("publish " + ",".join(formats), total and total * len(formats),
+                   not args.quiet) as advance:
+        paths = publish(args.input, None, args.root, args.version, formats,
+                        keep_last=args.keep_last, max_shard_bytes=args.max_shard_bytes,
+                        progress=lambda fmt, name, n: advance(f"{fmt}:{name}", n))
+    for fmt, path in paths.items():
+        _console().print(f"published {fmt}: {path}")
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from convert.verify import VerifyError, verify_dir
+
+    try:
+        report = verify_dir(args.dir, manifest=not args.no_manifest, hashes=not args.no_hashes)
+    except VerifyError as e:
+        console = _console()
+        console.print(f"[red]FAILED[/red] {e.path}")
+        for problem in e.problems:
+            console.print(f"  {problem}", markup=False)
+        return EXIT_ERROR
+    _console(stderr=False).print(
+        f"OK {report.path}: format {report.format}, {report.model_type}, {report.tensors} "
+        f"tensors in {report.files} file(s)")
+    return 0
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from rich.table import Table
+
+    from convert.inspection import iter_stats
+
+    rows = list(iter_stats(args.dir, args.against))
+    if args.json:
+        Path(args.json).write_text(json.dumps([r.as_dict() for r in rows], indent=1) + "\n")
+    table = Table(title=f"{args.dir}" + (f" vs {args.against}" if args.against else ""))
+    for col in ("tensor", "stored", "amax", "rms", "zeros"):
+        table.add_column(col, justify="left" if col in ("tensor", "stored") else "right",
+                         no_wrap=True)
+    if args.against:
+        for col in ("max|err|", "rms err", "rel rms err"):
+            table.add_column(col, justify="right", no_wrap=True)
+    shown = sorted(rows, key=lambda r: -(r.rel_rms_err or 0))[: args.top] if args.top else rows
+    for r in shown:
+        cells = [r.name, r.stored, f"{r.amax:.4g}", f"{r.rms:.4g}", f"{r.zero_fraction:.3f}"]
+        if args.against:
+            cells += [f"{r.max_abs_err:.3g}", f"{r.rms_err:.3g}", f"{r.rel_rms_err:.3g}"]
+        table.add_row(*cells)
+    console = _console(stderr=False)
+    console.width = max(console.width, 160)  # tensor names are long; never wrap them
+    console.print(table)
+    if args.against and rows:
+        worst = max(rows, key=lambda r: r.rel_rms_err or 0)
+        console.print(f"worst relative RMS error: {worst.rel_rms_err:.4g} ({worst.name})")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    formats = list(FORMATS)
+    parser = argparse.ArgumentParser(
+        prog="mixrl-convert",
+        description="Weight formats and checkpoints for mixrl: HF safetensors <-> orbax, "
+                    "quantized exports (" + ", ".join(formats) + "), manifests, verification.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def common_write(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--overwrite", action="store_true",
+                       help="replace an existing output (swapped in only when complete)")
+        p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    def shard_size(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--max-shard-bytes", type=int, default=2 * 1024**3,
+                       help="maximum safetensors shard size in bytes (default 2 GiB)")
+
+    p = sub.add_parser("import", help="HF safetensors directory -> mixrl orbax checkpoint",
+                       description="Read an HF Qwen3/Qwen3-MoE directory tensor by tensor and "
+                       "write the orbax checkpoint the trainer starts from (HF-named tensors "
+                       "under params/, config.json, tokenizer files).")
+    p.add_argument("--hf", required=True, metavar="DIR", help="HF directory (bf16/fp32)")
+    p.add_argument("--out", required=True, metavar="CKPT", help="checkpoint directory to create")
+    common_write(p)
+    p.set_defaults(func=cmd_import)
+
+    p = sub.add_parser("export", help="orbax checkpoint (or HF dir) -> HF directory in a format",
+                       description="Export a mixrl orbax checkpoint (or an HF directory) as an "
+                       "HF directory in one weight format, with manifest.json.")
+    p.add_argument("--checkpoint", required=True, metavar="CKPT")
+    p.add_argument("--out", required=True, metavar="DIR")
+    p.add_argument("--format", default="bf16", choices=formats)
+    shard_size(p)
+    common_write(p)
+    p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("quantize", help="HF bf16 directory -> quantized HF directory",
+                       description="Quantize an HF directory into one weight format, tensor by "
+                       "tensor, with the serving stacks' config and a manifest.")
+    p.add_argument("--in", dest="input", required=True, metavar="HF_DIR")
+    p.add_argument("--format", required=True, choices=formats)
+    p.add_argument("--out", required=True, metavar="DIR")
+    shard_size(p)
+    common_write(p)
+    p.set_defaults(func=cmd_quantize)
+
+    p = sub.add_parser("publish", help="write version V in several formats under ROOT",
+                       description="Publish ROOT/vVVVVVVVV/{format}/ atomically from an HF "
+                       "directory or orbax checkpoint, update ROOT/LATEST, keep the newest "
+                       "--keep-last versions.")
+    p.add_argument("--in", dest="input", required=True, metavar="SRC")
+    p.add_argument("--root", required=True)
+    p.add_argument("--version", required=True, type=int)
+    p.add_argument("--format", action="append", required=True, choices=formats,
+                   help="repeat for several formats")
+    p.add_argument("--keep-last", type=int, default=3)
+    shard_size(p)
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_publish)
+
+    p = sub.add_parser("verify", help="check manifest, shards and tensors against the config",
+                       description="Exit 0 if DIR is complete and intact; otherwise print every "
+                       "problem (each naming its file) and exit 1.")
+    p.add_argument("dir", metavar="DIR")
+    p.add_argument("--no-manifest", action="store_true",
+                   help="skip manifest checks (directories not written by mixrl)")
+    p.add_argument("--no-hashes", action="store_true", help="check sizes but not sha256")
+    p.set_defaults(func=cmd_verify)
+
+    p = sub.add_parser("inspect", help="per-tensor dequantization statistics",
+                       description="Dequantize every weight of DIR and print statistics; with "
+                       "--against, the error against a reference HF directory.")
+    p.add_argument("dir", metavar="DIR")
+    p.add_argument("--against", metavar="HF_DIR", help="reference directory (e.g. the bf16 one)")
+    p.add_argument("--json", metavar="FILE", help="also write all rows as JSON")
+    p.add_argument("--top", type=int, default=0,
+                   help="show only the N tensors with the largest relative error")
+    p.set_defaults(func=cmd_inspect)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        _console().print("interrupted; no partial output was left")
+        return 130
+    except (ValueError, OSError, KeyError) as e:
+        # Our errors (checkpoint, safetensors, quantization, export, manifest, config) are
+        # ValueErrors with a message naming the file or tensor; OSError covers missing paths.
+        msg = e.args[0] if isinstance(e, KeyError) and e.args else e
+        _console().print(f"[red]mixrl-convert {args.command}: error:[/red] {msg}",
+                         markup=True, highlight=False)
+        return EXIT_ERROR
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,128 @@
+"""``verify``: is an exported directory complete, intact and exactly what its config needs?
+
+Checks, in order, each problem naming the file it concerns:
+
+1. ``manifest.json``: every listed file exists with the listed size and sha256, and no
+   unlisted file is present (skippable for directories that never had a manifest).
+2. ``config.json`` parses as a Qwen3 / Qwen3-MoE config and its ``quantization_config`` names a
+   known format.
+3. The index and every shard header are consistent (a truncated shard fails here even without
+   a manifest).
+4. Every tensor the config needs is present with the format's dtype and shape: quantized
+   projections as the codec's ``tensor_specs``, everything else as a float tensor of the HF
+   shape; optional per-layer ``k_scale``/``v_scale`` scalars are allowed; anything else is an
+   unexpected tensor.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+from pathlib import Path
+
+import numpy as np
+
+from convert.formats import detect_format, is_quantized_weight, module_of
+from convert.formats.numerics import BF16
+from convert.hf_checkpoint import CONFIG_NAME, CheckpointError, HFCheckpoint
+from convert.manifest import check_manifest
+from convert.qwen3_config import ConfigError, Qwen3Config, hf_tensor_shapes
+from convert.safetensors_io import SafetensorsError, SafetensorsFile
+
+_FLOATS = {np.dtype(np.float32), np.dtype(np.float16), BF16}
+_KV_SCALE = re.compile(r"^model\.layers\.(\d+)\.self_attn\.[kv]_scale$")
+
+
+class VerifyError(ValueError):
+    """A directory failed verification; ``problems`` lists every finding."""
+
+    def __init__(self, path: Path, problems: list[str]):
+        self.path, self.problems = path, problems
+        shown = "\n  ".join(problems[:20])
+        more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
+        super().__init__(f"{path}: verification failed ({len(problems)} problem(s)):\n  "
+                         f"{shown}{more}")
+
+
+@dataclasses.dataclass
+class VerifyReport:
+    path: Path
+    format: str
+    model_type: str
+    tensors: int
+    files: int
+
+
+def _check_headers(path: Path) -> list[str]:
+    problems = []
+    for f in sorted(path.glob("*.safetensors")):
+        try:
+            SafetensorsFile(f)
+        except (SafetensorsError, OSError) as e:
+            problems.append(str(e))
+    return problems
+
+
+def verify_dir(path: str | os.PathLike, *, manifest: bool = True,
+               hashes: bool = True) -> VerifyReport:
+    """Verify ``path``; return a report or raise ``VerifyError`` listing every problem."""
+    path = Path(path)
+    if not path.is_dir():
+        raise VerifyError(path, [f"{path}: not a directory"])
+    problems: list[str] = []
+    if manifest:
+        problems += check_manifest(path, hashes=hashes)
+    config_path = path / CONFIG_NAME
+    try:
+        config = json.loads(config_path.read_text())
+        cfg = Qwen3Config.from_hf_dict(config)
+        codec = detect_format(config)
+    except FileNotFoundError:
+        raise VerifyError(path, problems + [f"{config_path}: missing"]) from None
+    except (json.JSONDecodeError, UnicodeDecodeError, ConfigError, ValueError) as e:
+        raise VerifyError(path, problems + [f"{config_path}: {e}"]) from None
+    header_problems = _check_headers(path)
+    if header_problems:
+        raise VerifyError(path, problems + header_problems)
+    try:
+        ckpt = HFCheckpoint(path)
+    except (CheckpointError, SafetensorsError) as e:
+        raise VerifyError(path, problems + [str(e)]) from None
+
+    wmap = ckpt._weight_map  # name -> file, to name the file in each finding
+    expected: dict[str, tuple[set[np.dtype] | np.dtype, tuple[int, ...]]] = {}
+    for name, shape in hf_tensor_shapes(cfg).items():
+        if is_quantized_weight(name) and codec.name != "bf16":
+            for suffix, (dtype, part_shape) in codec.tensor_specs(shape).items():
+                expected[f"{module_of(name)}.{suffix}"] = (dtype, part_shape)
+        else:
+            expected[name] = (_FLOATS, shape)
+    for name, (dtype, shape) in expected.items():
+        if name not in wmap:
+            problems.append(f"{path}: tensor {name!r} is missing (format {codec.name})")
+            continue
+        try:
+            got_dtype, got_shape = ckpt.info(name)
+        except (CheckpointError, SafetensorsError, KeyError) as e:
+            problems.append(str(e))
+            continue
+        ok_dtype = got_dtype in dtype if isinstance(dtype, set) else got_dtype == dtype
+        if not ok_dtype or tuple(got_shape) != tuple(shape):
+            want = "a float dtype" if isinstance(dtype, set) else str(dtype)
+            problems.append(f"{path / wmap[name]}: tensor {name!r} is {got_dtype}{list(got_shape)}"
+                            f", format {codec.name} needs {want}{list(shape)}")
+    for name in wmap:
+        if name in expected:
+            continue
+        m = _KV_SCALE.match(name)
+        if m and int(m.group(1)) < cfg.num_hidden_layers:
+            dtype, shape = ckpt.info(name)
+            if dtype == np.float32 and shape in ((), (1,)):
+                continue
+        problems.append(f"{path / wmap[name]}: unexpected tensor {name!r} for a "
+                        f"{cfg.model_type} model in format {codec.name}")
+    if problems:
+        raise VerifyError(path, problems)
+    return VerifyReport(path, codec.name, cfg.model_type, len(wmap), len(ckpt.files()))
