@@ -125,7 +125,8 @@ def decode_e2m1(nibbles: np.ndarray) -> np.ndarray:
 def decode_e8m0(codes: np.ndarray) -> np.ndarray:
     """OCP MX E8M0 scale codes (uint8 biased exponents) -> float32 powers of two; 255 is NaN."""
     codes = np.asarray(codes, np.uint8)
-    out = np.ldexp(np.float32(1.0), codes.astype(np.int32) - 127).astype(np.float32)
+    with np.errstate(over="ignore"):  # code 255 (2**128) overflows; it is NaN anyway
+        out = np.ldexp(np.float32(1.0), codes.astype(np.int32) - 127).astype(np.float32)
     out[codes == 255] = np.nan
     return out
 
