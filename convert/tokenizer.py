@@ -16,11 +16,13 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)
 # Digits, letters, whitespace and the punctuation the synthetic tasks and tool calls need.
+# Control tokens of the tool environment's turn format (sampler_torch.envs.tool).
+TOOL_TAGS = ("<tool>", "</tool>", "<out>", "</out>", "<submit>", "</submit>")
 DEFAULT_ALPHABET = string.digits + string.ascii_letters + " \n" + "+-*/=()<>[]{}.,:;!?'\"_#$%&|@^~`\\"
 
 
 def char_tokenizer(alphabet: str = DEFAULT_ALPHABET,
-                   extra_special: tuple[str, ...] = ()) -> Tokenizer:
+                   extra_special: tuple[str, ...] = TOOL_TAGS) -> Tokenizer:
     """A tokenizer with one id per special token (first) and per character of ``alphabet``.
 
     ``extra_special`` adds whole-string tokens (e.g. tool-call tags) that are never split.

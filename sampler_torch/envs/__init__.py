@@ -1,0 +1,14 @@
+"""Environments: single-turn verifiable tasks and a multi-turn tool sandbox, behind one interface."""
+
+from sampler_torch.envs import single_turn, tool  # noqa: F401  (registers the environments)
+from sampler_torch.envs.base import (
+    ENVIRONMENTS,
+    TERMINATIONS,
+    Environment,
+    Episode,
+    StepResult,
+    Task,
+    make_env,
+)
+
+__all__ = ["ENVIRONMENTS", "TERMINATIONS", "Environment", "Episode", "StepResult", "Task", "make_env"]

@@ -1,0 +1,109 @@
+"""The environment interface: token in, token out, so history is never re-tokenized.
+
+An ``Environment`` makes tasks and starts episodes. An ``Episode`` gives the prompt tokens, then
+takes each policy turn's generated tokens and answers with observation tokens (which the trainer
+masks out of the loss), a reward and whether the episode is over, with a termination reason.
+Environments are registered by name so a config can list them.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from convert.tokenizer import special_token_ids
+
+# Why an episode ended; the diagnostics report the share of each.
+TERMINATIONS = ("answered", "submitted", "turn_limit", "toolless_stop", "empty_reply", "length")
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    """What the router hands a sampler: an id, the environment's name and a JSON payload."""
+
+    task_id: str
+    env: str
+    payload: dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class StepResult:
+    observation: list[int]
+    reward: float
+    done: bool
+    termination: str | None = None
+
+    def __post_init__(self):
+        if self.done and self.termination not in TERMINATIONS:
+            raise ValueError(f"termination {self.termination!r} not in {TERMINATIONS}")
+
+
+class Episode(abc.ABC):
+    prompt: list[int]
+    stop_token_ids: tuple[int, ...]
+
+    @abc.abstractmethod
+    def step(self, generated: list[int]) -> StepResult:
+        """Consume one policy turn (ending at a stop token or the length limit)."""
+
+    def close(self) -> None:  # noqa: B027  (optional hook: most episodes hold nothing)
+        """Release resources (sandbox directories); idempotent."""
+
+    def __enter__(self) -> Episode:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class Environment(abc.ABC):
+    name: ClassVar[str]
+
+    def __init__(self, tokenizer: Tokenizer, difficulty: int = 1):
+        if difficulty < 1:
+            raise ValueError(f"{self.name}: difficulty must be >= 1, got {difficulty}")
+        self.tokenizer = tokenizer
+        self.difficulty = difficulty
+        specials = special_token_ids(tokenizer)
+        self.bos, self.eos = specials["bos"], specials["eos"]
+
+    @abc.abstractmethod
+    def sample_task(self, rng: np.random.Generator, task_id: str) -> Task:
+        """A fresh task; the payload holds everything needed to score it."""
+
+    @abc.abstractmethod
+    def start(self, task: Task) -> Episode:
+        """Begin an episode of ``task``."""
+
+    @abc.abstractmethod
+    def demonstration(self, task: Task) -> tuple[list[int], list[int]]:
+        """A correct episode as ``(token_ids, loss_mask)`` for the supervised warm start."""
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text).ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+
+ENVIRONMENTS: dict[str, type[Environment]] = {}
+
+
+def register_env(cls: type[Environment]) -> type[Environment]:
+    if cls.name in ENVIRONMENTS:
+        raise ValueError(f"environment {cls.name!r} registered twice")
+    ENVIRONMENTS[cls.name] = cls
+    return cls
+
+
+def make_env(name: str, tokenizer: Tokenizer, **kwargs) -> Environment:
+    try:
+        cls: Callable[..., Environment] = ENVIRONMENTS[name]
+    except KeyError:
+        raise ValueError(f"unknown environment {name!r}; registered: {sorted(ENVIRONMENTS)}") from None
+    return cls(tokenizer, **kwargs)

@@ -1,0 +1,75 @@
+"""Single-turn verifiable tasks with exact-answer rewards.
+
+The policy answers after the prompt and ends with ``<eos>``; the reward is 1 when the text before
+``<eos>`` equals the answer exactly, else 0. ``difficulty`` scales the problem size.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from sampler_torch.envs.base import Environment, Episode, StepResult, Task, register_env
+
+
+class _AnswerEpisode(Episode):
+    def __init__(self, env: Environment, prompt_text: str, answer: str):
+        self.env, self.answer = env, answer
+        self.prompt = [env.bos] + env.encode(prompt_text)
+        self.stop_token_ids = (env.eos,)
+
+    def step(self, generated: list[int]) -> StepResult:
+        ended = bool(generated) and generated[-1] == self.env.eos
+        body = generated[:-1] if ended else generated
+        if not body:
+            return StepResult([], 0.0, True, "empty_reply")
+        reward = float(ended and self.env.decode(body) == self.answer)
+        return StepResult([], reward, True, "answered" if ended else "length")
+
+
+class _SingleTurnEnv(Environment):
+    def _problem(self, payload: dict) -> tuple[str, str]:
+        raise NotImplementedError
+
+    def start(self, task: Task) -> Episode:
+        prompt, answer = self._problem(task.payload)
+        return _AnswerEpisode(self, prompt, answer)
+
+    def demonstration(self, task: Task) -> tuple[list[int], list[int]]:
+        prompt, answer = self._problem(task.payload)
+        prompt_ids = [self.bos] + self.encode(prompt)
+        answer_ids = self.encode(answer) + [self.eos]
+        return prompt_ids + answer_ids, [0] * len(prompt_ids) + [1] * len(answer_ids)
+
+
+@register_env
+class Arithmetic(_SingleTurnEnv):
+    """``a+b=`` / ``a-b=`` / ``a*b=`` with ``difficulty``-digit operands (``*`` from difficulty 2)."""
+
+    name = "arithmetic"
+
+    def sample_task(self, rng: np.random.Generator, task_id: str) -> Task:
+        hi = 10 ** self.difficulty
+        ops = "+-*" if self.difficulty >= 2 else "+-"
+        a, b = (int(x) for x in rng.integers(0, hi, 2))
+        return Task(task_id, self.name, {"a": a, "b": b, "op": str(rng.choice(list(ops)))})
+
+    def _problem(self, payload: dict) -> tuple[str, str]:
+        a, b, op = int(payload["a"]), int(payload["b"]), payload["op"]
+        result = {"+": a + b, "-": a - b, "*": a * b}[op]
+        return f"{a}{op}{b}=", str(result)
+
+
+@register_env
+class Reverse(_SingleTurnEnv):
+    """``rev abc=`` -> ``cba`` for a random lowercase word of ``2 + difficulty`` letters."""
+
+    name = "reverse"
+
+    def sample_task(self, rng: np.random.Generator, task_id: str) -> Task:
+        n = 2 + self.difficulty
+        word = "".join(chr(ord("a") + int(i)) for i in rng.integers(0, 26, n))
+        return Task(task_id, self.name, {"word": word})
+
+    def _problem(self, payload: dict) -> tuple[str, str]:
+        word = str(payload["word"])
+        return f"rev {word}=", word[::-1]

@@ -1,0 +1,162 @@
+"""A multi-turn tool environment: shell commands in a sandbox, hidden checks on submit.
+
+Turn format (tags are single special tokens of the tokenizer, ``TOOL_TAGS``):
+
+    <bos>{question}\\n                      prompt
+    <tool>cat a.txt</tool>                  policy turn (generation stops at </tool>)
+    <out>17\\n</out>\\n                       observation (loss-masked)
+    <submit>17</submit>                     policy turn: ends the episode
+
+The command runs in a fresh ``Sandbox`` per episode. The episode ends on a submit (reward 1 if
+the hidden check passes), at the turn limit, or after three consecutive turns without a tool call
+(the agent-harness rule of the seed experiment); an empty last reply is recorded as
+``empty_reply``, other tool-less endings as ``toolless_stop``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from convert.tokenizer import TOOL_TAGS
+from sampler_torch.envs.base import Environment, Episode, StepResult, Task, register_env
+from sampler_torch.envs.sandbox import Sandbox, SandboxLimits
+
+TOOL_OPEN, TOOL_CLOSE, OUT_OPEN, OUT_CLOSE, SUBMIT_OPEN, SUBMIT_CLOSE = TOOL_TAGS
+MAX_TOOLLESS_TURNS = 3
+
+
+class ToolEpisode(Episode):
+    def __init__(self, env: ShellTasks, task: Task):
+        self.env, self.task = env, task
+        self.prompt = [env.bos] + env.encode(task.payload["question"] + "\n")
+        tid = env.tokenizer.token_to_id
+        self.stop_token_ids = (tid(TOOL_CLOSE), tid(SUBMIT_CLOSE), env.eos)
+        self.sandbox = Sandbox(env.limits, allow_unisolated=env.allow_unisolated)
+        for name, content in task.payload["files"].items():
+            self.sandbox.write_file(name, content)
+        self.turns = 0
+        self.toolless = 0
+
+    def close(self) -> None:
+        self.sandbox.close()
+
+    def run_tool(self, command: str) -> list[int]:
+        result = self.sandbox.run(command)
+        text = result.output
+        if result.timed_out:
+            text += "[timed out]"
+        elif result.output_truncated:
+            text += "[output truncated]"
+        return self.env.observation(text)
+
+    def step(self, generated: list[int]) -> StepResult:
+        self.turns += 1
+        text = self.env.decode(generated)
+        submitted = _tagged(text, SUBMIT_OPEN, SUBMIT_CLOSE)
+        if submitted is not None:
+            reward = float(self.env.check(self.task, submitted, self.sandbox))
+            return StepResult([], reward, True, "submitted")
+        command = _tagged(text, TOOL_OPEN, TOOL_CLOSE)
+        if command is not None:
+            self.toolless = 0
+            observation = self.run_tool(command)
+        else:
+            self.toolless += 1
+            if self.toolless >= MAX_TOOLLESS_TURNS:
+                body = [t for t in generated if t != self.env.eos]
+                return StepResult([], 0.0, True, "toolless_stop" if body else "empty_reply")
+            observation = self.env.encode("\n")
+        if self.turns >= self.env.max_turns:
+            return StepResult([], 0.0, True, "turn_limit")
+        return StepResult(observation, 0.0, False)
+
+
+def _tagged(text: str, open_tag: str, close_tag: str) -> str | None:
+    """The text between the last ``open_tag`` and a ``close_tag`` that ends the turn."""
+    if not text.endswith(close_tag) or open_tag not in text:
+        return None
+    return text[text.rindex(open_tag) + len(open_tag): -len(close_tag)]
+
+
+@register_env
+class ShellTasks(Environment):
+    """File tasks solved with shell commands. Families (payload ``family``):
+
+    - ``lookup``: n files ``k{i}.txt`` hold random numbers; submit the content of one of them.
+    - ``sum``: submit the sum of the numbers in ``a.txt`` and ``b.txt``.
+    - ``write``: create ``out.txt`` holding a given word; checked by reading the file.
+    """
+
+    name = "shell"
+    families = ("lookup", "sum", "write")
+
+    def __init__(self, tokenizer, difficulty: int = 1, *, max_turns: int = 4, max_observation_chars: int = 48,
+                 limits: SandboxLimits | None = None, allow_unisolated: bool = False,
+                 families: tuple[str, ...] | None = None):
+        super().__init__(tokenizer, difficulty)
+        missing = [t for t in TOOL_TAGS if tokenizer.token_to_id(t) is None]
+        if missing:
+            raise ValueError(f"tokenizer lacks the tool tags {missing}")
+        self.max_turns, self.max_observation_chars = max_turns, max_observation_chars
+        self.limits = limits or SandboxLimits(wall_seconds=2.0, cpu_seconds=2)
+        self.allow_unisolated = allow_unisolated
+        self.families = tuple(families or self.families)
+
+    def sample_task(self, rng: np.random.Generator, task_id: str) -> Task:
+        family = str(rng.choice(list(self.families)))
+        digits = 1 + self.difficulty
+        number = lambda: str(int(rng.integers(10 ** (digits - 1), 10 ** digits)))
+        if family == "lookup":
+            files = {f"k{i}.txt": number() + "\n" for i in range(1 + self.difficulty)}
+            key = str(rng.choice(sorted(files)))
+            payload = {"question": f"what is in {key}?", "files": files,
+                       "check": {"kind": "answer", "value": files[key].strip()}, "solution": f"cat {key}"}
+        elif family == "sum":
+            a, b = number(), number()
+            payload = {"question": "submit a.txt + b.txt",
+                       "files": {"a.txt": a + "\n", "b.txt": b + "\n"},
+                       "check": {"kind": "answer", "value": str(int(a) + int(b))},
+                       "solution": "cat a.txt b.txt"}
+        else:
+            word = "".join(chr(ord("a") + int(i)) for i in rng.integers(0, 26, 2 + self.difficulty))
+            payload = {"question": f"write {word} to out.txt", "files": {},
+                       "check": {"kind": "file", "path": "out.txt", "value": word},
+                       "solution": f"echo {word} > out.txt"}
+        payload["family"] = family
+        return Task(task_id, self.name, payload)
+
+    def start(self, task: Task) -> ToolEpisode:
+        return ToolEpisode(self, task)
+
+    def observation(self, output: str) -> list[int]:
+        # Tag strings in command output must not become control tokens.
+        for tag in TOOL_TAGS:
+            output = output.replace(tag, "")
+        output = output[: self.max_observation_chars]
+        return ([self.tokenizer.token_to_id(OUT_OPEN)] + self.encode(output)
+                + [self.tokenizer.token_to_id(OUT_CLOSE)] + self.encode("\n"))
+
+    def check(self, task: Task, submitted: str, sandbox: Sandbox) -> bool:
+        check = task.payload["check"]
+        if check["kind"] == "answer":
+            return submitted.strip() == check["value"]
+        path = sandbox.workdir / check["path"]
+        return path.is_file() and path.read_text().strip() == check["value"]
+
+    def demonstration(self, task: Task) -> tuple[list[int], list[int]]:
+        """Call the solution command for real, then submit what the check expects."""
+        tid = self.tokenizer.token_to_id
+        ids, mask = [], []
+
+        def add(tokens: list[int], trained: bool) -> None:
+            ids.extend(tokens)
+            mask.extend([int(trained)] * len(tokens))
+
+        with self.start(task) as episode:
+            add(episode.prompt, False)
+            add([tid(TOOL_OPEN)] + self.encode(task.payload["solution"]) + [tid(TOOL_CLOSE)], True)
+            add(episode.run_tool(task.payload["solution"]), False)
+            check = task.payload["check"]
+            answer = check["value"] if check["kind"] == "answer" else "done"
+            add([tid(SUBMIT_OPEN)] + self.encode(answer) + [tid(SUBMIT_CLOSE)], True)
+        return ids, mask

@@ -1,0 +1,76 @@
+"""The sandbox contains what an agent's command may try; the episode records why it ended."""
+
+import os
+import socket
+
+import pytest
+
+from sampler_torch.envs.sandbox import Sandbox, SandboxLimits, sandbox_available
+
+pytestmark = pytest.mark.skipif(not sandbox_available(), reason="needs root + unshare (namespaces)")
+
+
+@pytest.fixture
+def sandbox():
+    with Sandbox(SandboxLimits(wall_seconds=2.0, cpu_seconds=2, max_output_bytes=1024)) as sb:
+        yield sb
+
+
+def test_runs_commands_in_its_directory(sandbox):
+    sandbox.write_file("a.txt", "17\n")
+    r = sandbox.run("cat a.txt && echo 5 > b.txt && pwd")
+    assert r.ok and r.isolated and r.output == "17\n/work\n"
+    assert (sandbox.workdir / "b.txt").read_text() == "5\n"
+
+
+def test_cannot_write_or_read_outside(sandbox, tmp_path):
+    outside = tmp_path / "outside.txt"
+    outside.write_text("secret")
+    r = sandbox.run(f"echo pwned > {outside}; cat {outside}; echo x > /usr/evil; "
+                    "cat /etc/passwd; ls /root; echo done")
+    assert outside.read_text() == "secret"
+    assert "secret" not in r.output and "root:" not in r.output and r.output.endswith("done\n")
+    assert not os.path.exists("/usr/evil")
+
+
+def test_no_network(sandbox):
+    # A listener on the host loopback must be unreachable from inside.
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    port = server.getsockname()[1]
+    try:
+        r = sandbox.run(f"python3 -c \"import socket; socket.create_connection(('127.0.0.1', {port}), 1); "
+                        "print('connected')\" 2>&1 | tail -1")
+        assert "connected" not in r.output and "Network is unreachable" in r.output
+    finally:
+        server.close()
+
+
+def test_runaway_command_is_killed(sandbox):
+    r = sandbox.run("while true; do :; done")
+    assert r.timed_out and r.exit_code is None and not r.ok
+
+
+def test_flood_of_output_is_cut(sandbox):
+    r = sandbox.run("yes gigabytes")
+    assert r.output_truncated and len(r.output) <= 1024
+
+
+def test_fork_bomb_and_big_files_are_bounded(sandbox):
+    r = sandbox.run("python3 -c \"open('big','wb').write(b'0' * 50_000_000)\" 2>&1 | tail -1")
+    assert "File too large" in r.output or "MemoryError" in r.output
+    big = sandbox.workdir / "big"
+    assert not big.exists() or big.stat().st_size <= 8 * 1024**2
+    r = sandbox.run("for i in $(seq 200); do sleep 5 & done; wait")
+    assert not r.ok  # either the process limit or the wall clock stops it
+
+
+def test_directory_removed_on_close():
+    sb = Sandbox()
+    sb.write_file("x", "1")
+    d = sb.workdir
+    sb.close()
+    assert not d.exists()
+    with pytest.raises(ValueError, match="outside"):
+        Sandbox().write_file("../escape", "x")
