@@ -1,0 +1,17 @@
+"""Precision recipes for the sampler: registry, quantized modules, KV caches, export loading.
+
+See ``sampler_torch.recipes.registry`` for the table of recipes.
+"""
+
+from sampler_torch.recipes.kv_cache import ScaledFP8KVCache, make_kv_cache
+from sampler_torch.recipes.loader import LoadedModel, WeightLoadError, load_model, verify_export
+from sampler_torch.recipes.registry import (
+    RECIPES,
+    Recipe,
+    RecipeError,
+    get_recipe,
+    register_recipe,
+)
+
+__all__ = ["RECIPES", "LoadedModel", "Recipe", "RecipeError", "ScaledFP8KVCache", "WeightLoadError",
+           "get_recipe", "load_model", "make_kv_cache", "register_recipe", "verify_export"]

@@ -1,0 +1,217 @@
+"""Quantized replacements for the model's projection ``nn.Linear`` modules.
+
+Each module is built from the tensors of one linear in a converter export (``parts``: the
+suffix -> array dict the codec's ``quantize`` wrote) and computes ``y = x W^T`` the way the
+recipe's serving kernel would:
+
+- ``FP8BlockLinear`` (``fp8_block`` weights, e4m3 + fp32 scale per 128x128 block). With
+  ``fp8_g128`` activations the product is, for each 128-wide input group ``g``,
+  ``y += (s_a[:, g] * s_w[:, g]) * (q_a[:, g] @ q_w[:, g]^T)`` -- e4m3 x e4m3 products with
+  float32 accumulation, exactly what DeepGEMM / SGLang's block-FP8 GEMM computes. ``native``
+  runs each group through ``torch._scaled_mm`` with row-wise scales; ``emulate`` multiplies the
+  dequantized operands in float32 (same products, float32 rounding of the scale multiply).
+- ``DequantLinear``: weight-only recipes (W4A16 NVFP4/MXFP4, and FP8/INT8 weights with
+  unquantized activations): the export is decoded once at load (the codec's ``dequantize``) to
+  the compute dtype, as Marlin-style kernels decode in registers, and the matmul runs in the
+  compute dtype.
+- ``NVFP4Linear`` (W4A4): activations are quantized to NVFP4 at run time with the export's
+  ``input_scale`` (``sampler_torch.recipes.numerics.fake_quant_nvfp4``); e2m1 x e2m1 products
+  with their block scales, accumulated in float32 -- the FP4 tensor-core GEMM's arithmetic.
+- ``Int8Linear`` (w8a8): per-token int8 activations times per-channel int8 weights, int32
+  accumulation (``torch._int_mm`` when ``native``, exact float64 emulation otherwise), then
+  ``y = acc * s_a * s_w``.
+
+The output is cast back to the input's dtype (the compute dtype).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from convert.formats import get_codec
+from sampler_torch.recipes.numerics import (
+    fake_quant_fp8_groups,
+    fake_quant_nvfp4,
+    quantize_fp8_groups,
+    quantize_int8_tokens,
+)
+from sampler_torch.recipes.registry import Recipe
+from sampler_torch.tensors import to_torch
+
+FP8_BLOCK = 128
+
+
+def _dequantized(fmt: str, parts: Mapping[str, np.ndarray]) -> torch.Tensor:
+    """The float32 weight ``[out, in]`` the export encodes, decoded by the converter's codec."""
+    return torch.from_numpy(np.ascontiguousarray(get_codec(fmt).dequantize(parts), np.float32))
+
+
+def _flatten(x: torch.Tensor) -> torch.Tensor:
+    return x.reshape(-1, x.shape[-1])
+
+
+class QuantLinear(nn.Module):
+    """Common shape bookkeeping; subclasses implement ``_matmul(x2d) -> float32 [M, out]``."""
+
+    def __init__(self, in_features: int, out_features: int):
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self._matmul(_flatten(x))
+        return y.to(x.dtype).view(*x.shape[:-1], self.out_features)
+
+    def _matmul(self, x: torch.Tensor) -> torch.Tensor:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}"
+
+
+class DequantLinear(QuantLinear):
+    """Weight-only quantization: the decoded weight in the compute dtype, a plain matmul."""
+
+    def __init__(self, weight: torch.Tensor, dtype: torch.dtype, fmt: str):
+        super().__init__(weight.shape[1], weight.shape[0])
+        self.register_buffer("weight", weight.to(dtype))
+        self.fmt = fmt
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", format={self.fmt}, activations=none"
+
+
+class FP8BlockLinear(QuantLinear):
+    def __init__(self, parts: Mapping[str, np.ndarray], native: bool):
+        q = to_torch(np.asarray(parts["weight"]))
+        scale_inv = torch.from_numpy(np.asarray(parts["weight_scale_inv"], np.float32).copy())
+        super().__init__(q.shape[1], q.shape[0])
+        self.native = native
+        if native:
+            # Per input group g: the e4m3 weight columns (contiguous, so ``.t()`` is the
+            # column-major operand _scaled_mm wants) and one float32 scale per output row.
+            n_groups = scale_inv.shape[1]
+            row_scales = scale_inv.repeat_interleave(FP8_BLOCK, dim=0)[: self.out_features]
+            for g in range(n_groups):
+                cols = slice(g * FP8_BLOCK, min(self.in_features, (g + 1) * FP8_BLOCK))
+                self.register_buffer(f"weight_g{g}", q[:, cols].contiguous())
+                self.register_buffer(f"scale_g{g}", row_scales[:, g].contiguous().view(1, -1))
+            self.n_groups = n_groups
+        else:
+            self.register_buffer("weight", _dequantized("fp8_block", parts))
+
+    def _matmul(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.native:
+            return fake_quant_fp8_groups(x.float(), FP8_BLOCK) @ self.weight.t()
+        q, s = quantize_fp8_groups(x.float(), FP8_BLOCK)
+        out = None
+        for g in range(self.n_groups):
+            cols = slice(g * FP8_BLOCK, min(self.in_features, (g + 1) * FP8_BLOCK))
+            part = torch._scaled_mm(q[:, cols].contiguous(), getattr(self, f"weight_g{g}").t(),
+                                    scale_a=s[:, g:g + 1].contiguous(),
+                                    scale_b=getattr(self, f"scale_g{g}"), out_dtype=torch.float32)
+            out = part if out is None else out + part
+        return out
+
+    def extra_repr(self) -> str:
+        return (super().extra_repr() + ", format=fp8_block, activations=fp8_g128, kernel="
+                + ("_scaled_mm" if self.native else "emulate"))
+
+
+class NVFP4Linear(QuantLinear):
+    def __init__(self, parts: Mapping[str, np.ndarray]):
+        w = _dequantized("nvfp4", parts)
+        super().__init__(w.shape[1], w.shape[0])
+        self.register_buffer("weight", w)
+        self.register_buffer("input_scale",
+                             torch.tensor(float(np.asarray(parts["input_scale"]).reshape(())),
+                                          dtype=torch.float32))
+
+    def _matmul(self, x: torch.Tensor) -> torch.Tensor:
+        return fake_quant_nvfp4(x.float(), self.input_scale) @ self.weight.t()
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + ", format=nvfp4, activations=nvfp4"
+
+
+class Int8Linear(QuantLinear):
+    def __init__(self, parts: Mapping[str, np.ndarray], native: bool):
+        q = torch.from_numpy(np.asarray(parts["weight"], np.int8).copy())
+        scale = torch.from_numpy(np.asarray(parts["weight_scale"], np.float32).copy())
+        super().__init__(q.shape[1], q.shape[0])
+        self.native = native
+        self.register_buffer("weight", q)
+        self.register_buffer("weight_scale", scale.view(1, -1))
+
+    def _matmul(self, x: torch.Tensor) -> torch.Tensor:
+        q, s = quantize_int8_tokens(x.float())
+        if self.native:
+            acc = torch._int_mm(q, self.weight.t()).float()
+        else:
+            # float64 holds every int32 partial sum exactly.
+            acc = (q.double() @ self.weight.double().t()).float()
+        return acc * s * self.weight_scale
+
+    def extra_repr(self) -> str:
+        return (super().extra_repr() + ", format=w8a8_int8, activations=int8_token, kernel="
+                + ("_int_mm" if self.native else "emulate"))
+
+
+def _has_scaled_mm() -> bool:
+    try:
+        a = torch.zeros(1, 16, dtype=torch.float8_e4m3fn)
+        one = torch.ones(1, 1)
+        torch._scaled_mm(a, a.t(), scale_a=one, scale_b=one, out_dtype=torch.float32)
+        return True
+    except (RuntimeError, AttributeError, NotImplementedError):
+        return False
+
+
+def _has_int_mm() -> bool:
+    try:
+        a = torch.zeros(1, 8, dtype=torch.int8)
+        torch._int_mm(a, a.t())
+        return True
+    except (RuntimeError, AttributeError, NotImplementedError):
+        return False
+
+
+_PROBES: dict[str, bool] = {}
+
+
+def native_kernel_available(kind: str) -> bool:
+    """Whether torch runs the ``fp8`` (``_scaled_mm``) or ``int8`` (``_int_mm``) kernel here."""
+    if kind not in _PROBES:
+        _PROBES[kind] = _has_scaled_mm() if kind == "fp8" else _has_int_mm()
+    return _PROBES[kind]
+
+
+def make_linear(recipe: Recipe, parts: Mapping[str, np.ndarray]) -> nn.Module:
+    """The module a recipe runs for one exported linear (``parts`` as the codec wrote them)."""
+    fmt, act = recipe.weight_format, recipe.activations
+
+    def use_native(kind: str) -> bool:
+        if recipe.kernel == "emulate":
+            return False
+        available = native_kernel_available(kind)
+        if recipe.kernel == "native" and not available:
+            raise RuntimeError(f"recipe {recipe.name!r} asks for the native {kind} kernel, which "
+                               "torch does not run on this device")
+        return available
+
+    if fmt == "fp8_block" and act == "fp8_g128":
+        return FP8BlockLinear(parts, native=use_native("fp8"))
+    if fmt == "nvfp4" and act == "nvfp4":
+        return NVFP4Linear(parts)
+    if fmt == "w8a8_int8" and act == "int8_token":
+        return Int8Linear(parts, native=use_native("int8"))
+    if act == "none" and fmt != "bf16":
+        return DequantLinear(_dequantized(fmt, parts), recipe.torch_dtype, fmt)
+    raise AssertionError(f"no linear for weights {fmt!r} with activations {act!r}")
