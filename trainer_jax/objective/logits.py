@@ -12,7 +12,7 @@ needs. Here the backward scatters the head contributions straight into the kerne
 a block of tokens at a time, so the only [D, V] array is the gradient itself.
 
 The gather is blocked over tokens so that the gathered columns w[:, ids] ([D, B, M] per block)
-stay ~32 MiB whatever N and M are.
+stay ~4 MiB whatever N and M are; the backward updates dh and dW in place in its loop carry.
 """
 
 from __future__ import annotations
@@ -23,11 +23,13 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 Array = jax.Array
 
-# Elements of gathered lm_head columns per token block (8 Mi f32 = 32 MiB).
-_GATHER_BLOCK_ELEMS = 8 * 1024 * 1024
+# Elements of gathered lm_head columns per token block (1 Mi f32 = 4 MiB): small next to the
+# kernel's vocabulary tile, and the per-block loop overhead is negligible next to the matmuls.
+_GATHER_BLOCK_ELEMS = 1024 * 1024
 
 
 def _kernel(h: Array, w: Array, temperature: float, impl: str) -> tuple[Array, Array]:
@@ -39,7 +41,7 @@ def _kernel(h: Array, w: Array, temperature: float, impl: str) -> tuple[Array, A
 
 
 def default_block_size(n: int, d: int, m: int) -> int:
-    """Tokens per gather block so that a block's gathered columns hold ~32 MiB."""
+    """Tokens per gather block so that a block's gathered columns hold ~4 MiB (f32)."""
     return max(1, min(n, _GATHER_BLOCK_ELEMS // max(1, d * m)))
 
 
@@ -50,34 +52,27 @@ def _gather_block(h_b: Array, w: Array, ids_b: Array, inv_tau: float) -> Array:
     return z * inv_tau
 
 
-def _blocked_scan(
-    body: Callable[[Any, Any], tuple[Any, Any]], carry: Any, xs: Any, block: int
-) -> tuple[Any, Any]:
-    """lax.scan of ``body`` over leading-axis blocks of ``xs`` (remainder block run once after).
+def _for_blocks(n: int, block: int, step: Callable[[Any, Array, int], Any], carry: Any) -> Any:
+    """Run ``step(carry, start, size)`` over token blocks [start, start + size) covering [0, n).
 
-    ``body(carry, xs_block) -> (carry, ys_block)``; the ys blocks are concatenated back to [N, ...].
-    Avoids padding xs (which would copy h) when N is not a multiple of ``block``.
+    Full blocks run in a fori_loop (dynamic starts), the remainder once with its own static size:
+    no padding and no sliced copies of h (a sliced/reshaped h would be an [N, D] temporary).
     """
-    n = jax.tree.leaves(xs)[0].shape[0]
     nb, rem = divmod(n, block)
-    ys_parts = []
     if nb:
-        main = jax.tree.map(lambda x: x[: nb * block].reshape(nb, block, *x.shape[1:]), xs)
-        carry, ys = jax.lax.scan(body, carry, main)
-        ys_parts.append(jax.tree.map(lambda y: y.reshape(nb * block, *y.shape[2:]), ys))
+        carry = lax.fori_loop(0, nb, lambda i, c: step(c, i * block, block), carry)
     if rem:
-        carry, ys = body(carry, jax.tree.map(lambda x: x[nb * block :], xs))
-        ys_parts.append(ys)
-    if len(ys_parts) == 1:
-        return carry, ys_parts[0]
-    return carry, jax.tree.map(lambda *p: jnp.concatenate(p, axis=0), *ys_parts)
+        carry = step(carry, jnp.int32(nb * block), rem)
+    return carry
 
 
 def _gather_logits(h: Array, w: Array, ids: Array, inv_tau: float, block: int) -> Array:
-    def body(carry: None, xb: tuple[Array, Array]) -> tuple[None, Array]:
-        return None, _gather_block(xb[0], w, xb[1], inv_tau)
+    def step(z: Array, start: Array, size: int) -> Array:
+        h_b = lax.dynamic_slice_in_dim(h, start, size)
+        ids_b = lax.dynamic_slice_in_dim(ids, start, size)
+        return lax.dynamic_update_slice_in_dim(z, _gather_block(h_b, w, ids_b, inv_tau), start, 0)
 
-    return _blocked_scan(body, None, (h, ids), block)[1]
+    return _for_blocks(h.shape[0], block, step, jnp.zeros(ids.shape, jnp.float32))
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
@@ -109,21 +104,27 @@ def _bwd(
     # The kernel's entropy is stop-gradient; feed it an explicit zero cotangent.
     dh, dw = pullback((g_lse, jnp.zeros_like(g_ent)))
     inv_tau = 1.0 / temperature
+    n = h.shape[0]
 
-    def body(dw_acc: Array, xb: tuple[Array, Array, Array]) -> tuple[Array, Array]:
-        h_b, ids_b, g_b = xb
-        g_b = g_b.astype(jnp.float32) * inv_tau
+    def step(carry: tuple[Array, Array], start: Array, size: int) -> tuple[Array, Array]:
+        # Both gradients are updated in place in the loop carry: no [N, D] or [D, V] temporaries
+        # beyond the kernel's own gradients.
+        dh_acc, dw_acc = carry
+        h_b = lax.dynamic_slice_in_dim(h, start, size)
+        ids_b = lax.dynamic_slice_in_dim(ids, start, size)
+        g_b = lax.dynamic_slice_in_dim(g_z, start, size).astype(jnp.float32) * inv_tau
         cols = jnp.take(w, ids_b, axis=1, mode="clip")  # [D, B, M]
         dh_b = jnp.einsum("bm,dbm->bd", g_b, cols, preferred_element_type=jnp.float32)
+        dh_b = dh_b + lax.dynamic_slice_in_dim(dh_acc, start, size).astype(jnp.float32)
+        dh_acc = lax.dynamic_update_slice_in_dim(dh_acc, dh_b.astype(dh_acc.dtype), start, 0)
         upd = jnp.einsum("bd,bm->dbm", h_b.astype(jnp.float32), g_b)  # [D, B, M]
-        # In-place scatter-add into the running dW (the kernel's dW to start with); duplicate
-        # ids within a block accumulate, as they must.
+        # Scatter-add into the running dW (the kernel's dW to start with); duplicate ids within
+        # a block accumulate, as they must.
         dw_acc = dw_acc.at[:, ids_b].add(upd.astype(dw_acc.dtype), mode="promise_in_bounds")
-        return dw_acc, dh_b
+        return dh_acc, dw_acc
 
-    dw, dh_head = _blocked_scan(body, dw, (h, ids, g_z), block)
-    dh = (dh.astype(jnp.float32) + dh_head).astype(h.dtype)
-    return dh, dw.astype(w.dtype), None
+    dh, dw = _for_blocks(n, block, step, (dh, dw))
+    return dh.astype(h.dtype), dw.astype(w.dtype), None
 
 
 lse_and_logits_at.defvjp(_fwd, _bwd)
