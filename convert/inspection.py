@@ -16,8 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from convert.formats import detect_format, is_quantized_weight, module_of
-from convert.formats.numerics import load_f32
+from convert.dequantize import read_tensor
+from convert.formats import detect_format, is_quantized_weight
 from convert.hf_checkpoint import HFCheckpoint
 from convert.qwen3_config import Qwen3Config, hf_tensor_shapes
 
@@ -38,10 +38,6 @@ class TensorStats:
         return dataclasses.asdict(self)
 
 
-def _as_f32(arr: np.ndarray) -> np.ndarray:
-    return load_f32(np.asarray(arr)) if np.asarray(arr).ndim else np.float32(arr)
-
-
 def iter_stats(path: str | os.PathLike,
                against: str | os.PathLike | None = None) -> Iterator[TensorStats]:
     """Yield ``TensorStats`` for every model weight in ``path``, one tensor in memory at a time."""
@@ -50,21 +46,17 @@ def iter_stats(path: str | os.PathLike,
     codec = detect_format(ckpt.config)
     cfg = Qwen3Config.from_hf_dict(ckpt.config)
     for name in hf_tensor_shapes(cfg):
+        value, parts = read_tensor(ckpt, codec, name)
         if is_quantized_weight(name) and codec.name != "bf16":
-            prefix = module_of(name)
-            parts = {s: ckpt.get(f"{prefix}.{s}") for s in codec.parts}
-            value = codec.dequantize(parts)
             stored = f"{codec.name} ({parts['weight'].dtype})"
         else:
-            raw = ckpt.get(name)
-            value = _as_f32(raw)
-            stored = str(raw.dtype)
+            stored = str(parts["weight"].dtype)
         stats = TensorStats(name=name, stored=stored, shape=tuple(value.shape),
                             amax=float(np.max(np.abs(value))),
                             rms=float(np.sqrt(np.mean(np.square(value, dtype=np.float64)))),
                             zero_fraction=float(np.mean(value == 0)))
         if ref is not None:
-            expected = _as_f32(ref.get(name))
+            expected = read_tensor(ref, detect_format(ref.config), name)[0]
             if expected.shape != value.shape:
                 raise ValueError(f"{name}: shape {value.shape} differs from the reference's "
                                  f"{expected.shape}")
