@@ -51,6 +51,9 @@ Array = jax.Array
 # Defaults per layout: (token block, vocabulary tile). Untuned on real hardware (none was
 # available); chosen to fit registers/shared memory for D ~ 1-4k on GPU and VMEM on TPU.
 _DEFAULT_BLOCKS = {"loop": (32, 64), "grid": (256, 512)}
+# In the CPU interpreter every tile is a separate XLA step: bigger tiles amortise that (measured
+# ~3x faster than (32, 64) at N=2048, D=1024, V=32k; temp memory stays ~30 MiB).
+_DEFAULT_BLOCKS_INTERPRET = {"loop": (512, 2048), "grid": (256, 512)}
 LAYOUTS = ("loop", "grid")
 
 
@@ -456,13 +459,13 @@ def linear_logsumexp_pallas(
     layout = default_layout() if layout is None else layout
     if layout not in LAYOUTS:
         raise ValueError(f"unknown pallas layout {layout!r}; expected one of {LAYOUTS}")
-    dn, dv = _DEFAULT_BLOCKS[layout]
+    if interpret is None:
+        interpret = jax.default_backend() == "cpu"
+    dn, dv = (_DEFAULT_BLOCKS_INTERPRET if interpret else _DEFAULT_BLOCKS)[layout]
     block_n = dn if block_n is None else int(block_n)
     block_v = dv if block_v is None else int(block_v)
     if block_n < 1 or block_v < 1:
         raise ValueError(f"block sizes must be positive, got block_n={block_n}, block_v={block_v}")
-    if interpret is None:
-        interpret = jax.default_backend() == "cpu"
     cfg = _Config(layout=layout, block_n=block_n, block_v=block_v, interpret=bool(interpret))
     inv_t = lax.stop_gradient(1.0 / jnp.reshape(jnp.asarray(temperature, jnp.float32), (1,)))
     lse, ent = _lse_pallas(h, w, inv_t, cfg)
