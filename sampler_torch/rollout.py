@@ -1,0 +1,132 @@
+"""Drive environment episodes with a sampler, turn by turn, and keep the behaviour record.
+
+``run_episodes`` advances many episodes in lockstep: every turn, the contexts of the unfinished
+episodes go to one ``generate`` call (the engine batches them), then each episode's environment
+consumes its turn and appends observation tokens. The result per episode is the whole token
+sequence (prompt, policy and environment tokens, never re-tokenized) with a loss mask, and the
+per-policy-token records the trainer's objective needs, in the layout of the wire's Trajectory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from sampler_torch.envs.base import Episode
+
+
+@dataclasses.dataclass
+class EpisodeRecord:
+    token_ids: np.ndarray  # int32 [T]: prompt, policy and environment tokens
+    loss_mask: np.ndarray  # uint8 [T]: 1 on policy tokens
+    logprobs: np.ndarray  # float32 [P]: log b(x_t)
+    logprobs_full: np.ndarray  # float32 [P]: log q(x_t)
+    head_ids: np.ndarray  # int32 [P, K]
+    head_logprobs: np.ndarray  # float32 [P, K]
+    support_indptr: np.ndarray  # int32 [P + 1] (CSR; empty rows: no truncation)
+    support_ids: np.ndarray  # int32 [nnz]
+    support_logprobs: np.ndarray  # float32 [nnz]
+    versions: np.ndarray  # int32 [P]
+    reward: float
+    termination: str
+    turns: int
+
+    @property
+    def prompt_len(self) -> int:
+        return int(np.argmax(self.loss_mask)) if self.loss_mask.any() else len(self.token_ids)
+
+
+class _Builder:
+    def __init__(self, episode: Episode, head_k: int):
+        self.episode = episode
+        self.tokens = list(episode.prompt)
+        self.mask = [0] * len(self.tokens)
+        self.head_k = head_k
+        self.logprobs, self.logprobs_full, self.versions = [], [], []
+        self.head_ids, self.head_logprobs = [], []
+        self.indptr, self.support_ids, self.support_logprobs = [0], [], []
+        self.reward, self.termination, self.turns, self.done = 0.0, "length", 0, False
+
+    def add_turn(self, c) -> None:
+        n = len(c.token_ids)
+        self.tokens += list(c.token_ids)
+        self.mask += [1] * n
+        self.logprobs += list(c.logprobs)
+        self.logprobs_full += list(c.logprobs_full)
+        self.versions += list(c.versions)
+        for t in range(n):
+            ids = list(c.head_ids[t])[: self.head_k] if c.head_ids else []
+            lps = list(c.head_logprobs[t])[: self.head_k] if c.head_logprobs else []
+            pad = self.head_k - len(ids)
+            self.head_ids.append(ids + [-1] * pad)
+            self.head_logprobs.append(lps + [-np.inf] * pad)
+            if c.support_ids is not None:
+                self.support_ids += list(c.support_ids[t])
+                self.support_logprobs += list(c.support_logprobs[t])
+            self.indptr.append(len(self.support_ids))
+
+    def add_observation(self, tokens: list[int]) -> None:
+        self.tokens += tokens
+        self.mask += [0] * len(tokens)
+
+    def record(self) -> EpisodeRecord:
+        p = len(self.logprobs)
+        return EpisodeRecord(
+            token_ids=np.asarray(self.tokens, np.int32), loss_mask=np.asarray(self.mask, np.uint8),
+            logprobs=np.asarray(self.logprobs, np.float32),
+            logprobs_full=np.asarray(self.logprobs_full, np.float32),
+            head_ids=np.asarray(self.head_ids, np.int32).reshape(p, self.head_k),
+            head_logprobs=np.asarray(self.head_logprobs, np.float32).reshape(p, self.head_k),
+            support_indptr=np.asarray(self.indptr, np.int32),
+            support_ids=np.asarray(self.support_ids, np.int32),
+            support_logprobs=np.asarray(self.support_logprobs, np.float32),
+            versions=np.asarray(self.versions, np.int32), reward=self.reward,
+            termination=self.termination, turns=self.turns)
+
+
+def run_episodes(generate: Callable, episodes: Sequence[Episode], params, *,
+                 max_total_tokens: int = 512, seeds: Sequence[int] | None = None) -> list[EpisodeRecord]:
+    """Run ``episodes`` to completion; ``generate(prompts, params) -> completions`` (the Engine API,
+    with one ``SamplingParams`` per request).
+
+    ``params`` is a ``SamplingParams``; each turn uses the episode's stop tokens and at most the
+    tokens left in ``max_total_tokens``. ``seeds[i]`` seeds episode i (turn j uses seed + 7919 j
+    so turns draw independent streams). An episode out of budget ends with ``length``.
+    """
+    builders = [_Builder(ep, params.head_k) for ep in episodes]
+    seeds = list(seeds) if seeds is not None else [params.seed or 0] * len(episodes)
+    turn = 0
+    while True:
+        active = [i for i, b in enumerate(builders) if not b.done]
+        if not active:
+            break
+        requests, per_request = [], []
+        for i in active:
+            b = builders[i]
+            budget = max_total_tokens - len(b.tokens)
+            if budget <= 0:
+                b.done, b.termination = True, "length"
+                continue
+            requests.append(i)
+            per_request.append(dataclasses.replace(
+                params, stop_token_ids=b.episode.stop_token_ids,
+                max_new_tokens=min(params.max_new_tokens, budget), seed=seeds[i] + 7919 * turn))
+        if not requests:
+            break
+        completions = generate([list(builders[i].tokens) for i in requests], per_request)
+        for i, completion in zip(requests, completions, strict=True):
+            _finish_turn(builders[i], completion)
+        turn += 1
+    return [b.record() for b in builders]
+
+
+def _finish_turn(b: _Builder, completion) -> None:
+    b.add_turn(completion)
+    b.turns += 1
+    result = b.episode.step(list(completion.token_ids))
+    if result.done:
+        b.done, b.reward, b.termination = True, result.reward, result.termination
+    else:
+        b.add_observation(result.observation)
