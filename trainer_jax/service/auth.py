@@ -1,0 +1,107 @@
+"""Security of the rollout service: the bearer token, TLS / mutual TLS credentials.
+
+Every RPC carries ``authorization: Bearer <token>``; the interceptor compares it in constant time
+and answers ``UNAUTHENTICATED`` otherwise. Health checking and reflection are exempt so load
+balancers and ``grpcurl`` work without the secret. The token comes from ``--token-file`` /
+``service.token_file`` or the ``MIXRL_TOKEN`` environment variable; there is no default token.
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+import secrets
+from collections.abc import Callable
+from pathlib import Path
+
+import grpc
+
+from trainer_jax.config import TLSConfig
+
+TOKEN_ENV = "MIXRL_TOKEN"
+EXEMPT_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.v1alpha.ServerReflection/",
+                   "/grpc.reflection.v1.ServerReflection/")
+
+
+class TokenError(ValueError):
+    """No usable bearer token was configured."""
+
+
+def generate_token() -> str:
+    """A fresh random token (for launchers that start the service and its samplers together)."""
+    return secrets.token_urlsafe(32)
+
+
+def resolve_token(token_file: str | os.PathLike | None = None, env: dict | None = None) -> str:
+    """The token from ``token_file`` if given, else ``$MIXRL_TOKEN``; ``TokenError`` if neither."""
+    env = os.environ if env is None else env
+    if token_file is not None:
+        path = Path(token_file)
+        try:
+            token = path.read_text().strip()
+        except OSError as e:
+            raise TokenError(f"token file {path}: {e.strerror}") from None
+        if not token:
+            raise TokenError(f"token file {path} is empty")
+        return token
+    token = env.get(TOKEN_ENV, "").strip()
+    if not token:
+        raise TokenError(f"no bearer token: set {TOKEN_ENV} or pass --token-file (service.token_file)")
+    return token
+
+
+def _abort_handler(handler: grpc.RpcMethodHandler, code: grpc.StatusCode,
+                   details: str) -> grpc.RpcMethodHandler:
+    """A handler of the same shape as ``handler`` that aborts with ``code``."""
+
+    def abort(request_or_iterator, context: grpc.ServicerContext):
+        context.abort(code, details)
+
+    if handler.request_streaming and handler.response_streaming:
+        return grpc.stream_stream_rpc_method_handler(abort)
+    if handler.request_streaming:
+        return grpc.stream_unary_rpc_method_handler(abort)
+    if handler.response_streaming:
+        return grpc.unary_stream_rpc_method_handler(abort)
+    return grpc.unary_unary_rpc_method_handler(abort)
+
+
+class BearerTokenInterceptor(grpc.ServerInterceptor):
+    """Rejects calls without the right ``authorization: Bearer`` metadata (exempt: health, reflection)."""
+
+    def __init__(self, token: str, on_reject: Callable[[str], None] | None = None):
+        if not token:
+            raise TokenError("the bearer token must not be empty")
+        self._expected = f"Bearer {token}".encode()
+        self._on_reject = on_reject
+
+    def intercept_service(self, continuation, handler_call_details):
+        method = handler_call_details.method
+        handler = continuation(handler_call_details)
+        if handler is None or method.startswith(EXEMPT_PREFIXES):
+            return handler
+        got = ""
+        for key, value in handler_call_details.invocation_metadata or ():
+            if key == "authorization":
+                got = value
+                break
+        if isinstance(got, str):
+            got = got.encode()
+        if hmac.compare_digest(got, self._expected):
+            return handler
+        if self._on_reject is not None:
+            self._on_reject(method)
+        return _abort_handler(handler, grpc.StatusCode.UNAUTHENTICATED,
+                              "missing or wrong bearer token (authorization: Bearer <token>)")
+
+
+def server_credentials(tls: TLSConfig) -> grpc.ServerCredentials | None:
+    """Server credentials from PEM files, mutual TLS when ``client_ca_file`` is set; None: plaintext."""
+    if not tls.enabled:
+        return None
+    key = Path(tls.key_file).read_bytes()
+    cert = Path(tls.cert_file).read_bytes()
+    if tls.client_ca_file:
+        ca = Path(tls.client_ca_file).read_bytes()
+        return grpc.ssl_server_credentials([(key, cert)], root_certificates=ca, require_client_auth=True)
+    return grpc.ssl_server_credentials([(key, cert)])

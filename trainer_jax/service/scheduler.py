@@ -1,0 +1,394 @@
+"""Sessions, the task queue and leases: who may generate what, and until when.
+
+Work is handed out in *items*: a task id plus the sample indices to generate. With group pinning
+an item is all G samples of a prompt (one lease, one sampler group); without it each sample is its
+own item. A lease ends when all its samples are accepted, at its deadline, or when its session
+goes silent for ``session_ttl_s``; its unfinished samples then go back to the *front* of the
+queue, so partial groups complete first. A sample is accepted at most once: a submission must
+come from the session holding a live lease that still lists the sample. A retry of an accepted
+sample on the same lease is acknowledged as a duplicate and not counted again.
+
+All state sits behind one lock. Content validation (``validation.py``) runs outside it, between
+``begin_submit`` (snapshot of the lease and task) and ``finish_submit`` (re-checked, committed).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import secrets
+import threading
+import time
+from collections.abc import Callable
+
+import grpc
+
+from mixrl_wire import pb
+from trainer_jax.config import ServiceConfig
+from trainer_jax.service.buffer import TrajectoryBuffer, TrajectoryGroup
+from trainer_jax.service.router import Router
+from trainer_jax.service.tasks import TaskSource, TaskSpec
+from trainer_jax.service.validation import TrajectoryRecord, ValidationContext
+
+# How many finished (lease, sample) pairs and expired lease ids are remembered, for duplicate acks
+# and clearer rejections. Forgetting one only changes an ack into a rejection; never double counts.
+_MEMORY = 200_000
+_RETRY_MS_BUSY = 200
+_RETRY_MS_EMPTY = 1000
+
+
+class Rejected(Exception):
+    """A call is refused: ``code`` is the gRPC status, ``field`` the offending field."""
+
+    def __init__(self, code: grpc.StatusCode, field: str, reason: str):
+        super().__init__(f"{field}: {reason}" if field else reason)
+        self.code = code
+        self.field = field
+        self.reason = reason
+
+
+class Duplicate(Exception):
+    """The submission repeats a sample this lease already delivered (an idempotent retry)."""
+
+
+@dataclasses.dataclass
+class Session:
+    id: str
+    name: str
+    group: str
+    recipe: dict
+    accelerator: str
+    capacity: int
+    weight_formats: tuple[str, ...]
+    peer: str
+    last_seen: float
+    leases: set[str] = dataclasses.field(default_factory=set)
+    outstanding: int = 0
+    accepted: int = 0
+    duplicates: int = 0
+    rejected: int = 0
+    rejections: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    weights_version: int = -1
+    weight_failures: int = 0
+    active_samples: int = 0
+    revoked: bool = False
+    expired_unreported: list[str] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class Lease:
+    id: str
+    session_id: str
+    group: str
+    task_id: int
+    indices: tuple[int, ...]
+    remaining: set[int]
+    deadline: float
+    deadline_unix: float
+    granted: float
+
+
+@dataclasses.dataclass
+class _TaskState:
+    spec: TaskSpec
+    accepted: dict[int, TrajectoryRecord] = dataclasses.field(default_factory=dict)
+
+
+class Scheduler:
+    def __init__(self, source: TaskSource, buffer: TrajectoryBuffer, router: Router, cfg: ServiceConfig,
+                 vocab_size: int, clock: Callable[[], float] = time.monotonic):
+        self.source = source
+        self.buffer = buffer
+        self.router = router
+        self.cfg = cfg
+        self.vocab_size = vocab_size
+        self.clock = clock
+        self.lock = threading.RLock()
+        self.sessions: dict[str, Session] = {}
+        self.leases: dict[str, Lease] = {}
+        self.tasks: dict[int, _TaskState] = {}
+        self.pending: collections.deque[tuple[int, tuple[int, ...]]] = collections.deque()
+        self.pending_samples = 0
+        self.outstanding = 0
+        self.exhausted = False
+        self.current_version = 0
+        self._next_task_id = 1
+        self._done: collections.OrderedDict[tuple[str, int], str] = collections.OrderedDict()
+        self._expired: collections.OrderedDict[str, str] = collections.OrderedDict()
+        self.totals = collections.Counter()
+
+    # ---------------------------------------------------------------- sessions
+
+    def register(self, req: pb.RegisterRequest, peer: str) -> Session:
+        if not req.group:
+            raise Rejected(grpc.StatusCode.INVALID_ARGUMENT, "group", "missing")
+        if req.capacity < 1:
+            raise Rejected(grpc.StatusCode.INVALID_ARGUMENT, "capacity", "must be >= 1")
+        recipe = {f: getattr(req.recipe, f) for f in ("name", "weight_format", "activation_format",
+                                                       "kv_dtype", "backend")}
+        with self.lock:
+            s = Session(id=secrets.token_hex(16), name=req.name or peer, group=req.group, recipe=recipe,
+                        accelerator=req.accelerator, capacity=int(req.capacity),
+                        weight_formats=tuple(req.weight_formats), peer=peer, last_seen=self.clock())
+            self.sessions[s.id] = s
+            g = self.router.group(s.group)
+            g.samplers += 1
+            g.capacity += s.capacity
+            self.totals["sessions"] += 1
+            return s
+
+    def max_outstanding(self, s: Session) -> int:
+        return min(s.capacity, self.cfg.limits.max_outstanding_per_sampler)
+
+    def touch(self, session_id: str) -> Session:
+        """The live session ``session_id``, marked as seen; ``Rejected`` if unknown or revoked."""
+        with self.lock:
+            s = self.sessions.get(session_id)
+            if s is None:
+                raise Rejected(grpc.StatusCode.NOT_FOUND, "session_id",
+                               "unknown or expired session (register again)")
+            if s.revoked:
+                raise Rejected(grpc.StatusCode.PERMISSION_DENIED, "session_id",
+                               f"session revoked after {s.rejected} rejected submissions")
+            s.last_seen = self.clock()
+            return s
+
+    def heartbeat(self, req: pb.HeartbeatRequest) -> pb.HeartbeatResponse:
+        with self.lock:
+            s = self.touch(req.session_id)
+            s.weights_version = req.weights_version
+            s.weight_failures = req.weight_failures
+            s.active_samples = req.active_samples
+            expired, s.expired_unreported = s.expired_unreported, []
+            return pb.HeartbeatResponse(current_version=self.current_version, expired_lease_ids=expired)
+
+    def _drop_session(self, s: Session, why: str) -> None:
+        for lease_id in list(s.leases):
+            self._end_lease(self.leases[lease_id], why)
+        del self.sessions[s.id]
+        g = self.router.group(s.group)
+        g.samplers -= 1
+        g.capacity -= s.capacity
+        self.totals["sessions_expired"] += 1
+
+    # ---------------------------------------------------------------- leases
+
+    def _refill(self, want: int) -> None:
+        while self.pending_samples < want and not self.exhausted:
+            spec = self.source.next_task()
+            if spec is None:
+                self.exhausted = True
+                break
+            task_id = self._next_task_id
+            self._next_task_id += 1
+            self.tasks[task_id] = _TaskState(spec)
+            indices = tuple(range(spec.group_size))
+            if self.cfg.router.pin_groups:
+                self.pending.append((task_id, indices))
+            else:
+                self.pending.extend((task_id, (i,)) for i in indices)
+            self.pending_samples += spec.group_size
+
+    def lease(self, req: pb.LeaseRequest) -> pb.LeaseResponse:
+        with self.lock:
+            s = self.touch(req.session_id)
+            held = self.buffer.held_trajectories
+            free = self.buffer.max_trajectories - held - self.outstanding
+            session_room = self.max_outstanding(s) - s.outstanding
+            group = self.router.group(s.group)
+            quota = self.router.quota(s.group, self.buffer.max_trajectories - held, unit=1)
+            room = min(max(req.max_samples, 1), session_room, quota - group.outstanding, free)
+            self._refill(max(room, 1))
+            now, now_unix = self.clock(), time.time()
+            tasks: list[pb.Task] = []
+            while self.pending:
+                task_id, indices = self.pending[0]
+                size = len(indices)
+                # A pinned group larger than the session's room is still granted whole to a session
+                # holding nothing, so a sampler of capacity < G is not starved; the buffer bound holds.
+                whole_group_ok = not tasks and s.outstanding == 0 and size <= free and session_room > 0
+                if size > room and not whole_group_ok:
+                    break
+                self.pending.popleft()
+                self.pending_samples -= size
+                room -= size
+                free -= size
+                tasks.append(self._grant(s, task_id, indices, now, now_unix))
+            if tasks:
+                return pb.LeaseResponse(tasks=tasks)
+            if not self.pending and self.exhausted:
+                return pb.LeaseResponse(retry_after_ms=_RETRY_MS_EMPTY, reason="no more tasks")
+            why = ("buffer full: the trainer has not taken enough groups" if free <= 0 else
+                   "session at its outstanding limit" if session_room <= 0 else
+                   f"group {s.group!r} at its router quota ({quota})")
+            return pb.LeaseResponse(retry_after_ms=_RETRY_MS_BUSY, reason=why)
+
+    def _grant(self, s: Session, task_id: int, indices: tuple[int, ...], now: float,
+               now_unix: float) -> pb.Task:
+        ttl = self.cfg.lease_ttl_s
+        lease = Lease(id=secrets.token_hex(12), session_id=s.id, group=s.group, task_id=task_id,
+                      indices=indices, remaining=set(indices), deadline=now + ttl,
+                      deadline_unix=now_unix + ttl, granted=now)
+        self.leases[lease.id] = lease
+        s.leases.add(lease.id)
+        s.outstanding += len(indices)
+        self.outstanding += len(indices)
+        self.router.group(s.group).outstanding += len(indices)
+        spec = self.tasks[task_id].spec
+        return pb.Task(lease_id=lease.id, task_id=task_id, sample_indices=list(indices),
+                       group_size=spec.group_size, prompt_ids=list(spec.prompt_ids), env=spec.env,
+                       payload=spec.payload, sampling=spec.sampling.to_pb(),
+                       deadline_unix_ms=int(lease.deadline_unix * 1000))
+
+    def _end_lease(self, lease: Lease, why: str) -> None:
+        """Remove ``lease``; its unfinished samples go back to the front of the queue."""
+        del self.leases[lease.id]
+        s = self.sessions.get(lease.session_id)
+        left = tuple(sorted(lease.remaining))
+        if s is not None:
+            s.leases.discard(lease.id)
+            s.outstanding -= len(left)
+            if why:
+                s.expired_unreported.append(lease.id)
+        self.outstanding -= len(left)
+        self.router.group(lease.group).outstanding -= len(left)
+        if why:
+            self._remember(self._expired, lease.id, why)
+        if left:
+            if self.cfg.router.pin_groups:
+                self.pending.appendleft((lease.task_id, left))
+            else:
+                self.pending.extendleft((lease.task_id, (i,)) for i in reversed(left))
+            self.pending_samples += len(left)
+            self.totals["requeued_samples"] += len(left)
+
+    def expire(self) -> None:
+        """Drop silent sessions and end overdue leases (the reaper thread calls this)."""
+        with self.lock:
+            now = self.clock()
+            for s in list(self.sessions.values()):
+                if now - s.last_seen > self.cfg.session_ttl_s:
+                    self._drop_session(s, "session expired")
+            for lease in list(self.leases.values()):
+                if now > lease.deadline:
+                    self._end_lease(lease, "lease deadline passed")
+
+    @staticmethod
+    def _remember(memory: collections.OrderedDict, key, value) -> None:
+        memory[key] = value
+        if len(memory) > _MEMORY:
+            memory.popitem(last=False)
+
+    # ---------------------------------------------------------------- submissions
+
+    def begin_submit(self, msg: pb.Trajectory) -> tuple[Session, TaskSpec, ValidationContext]:
+        """Check the lease side of a submission; return what its content is validated against.
+
+        Raises ``Duplicate`` for a retry of an accepted sample, ``Rejected`` otherwise.
+        """
+        with self.lock:
+            s = self.touch(msg.session_id)
+            lease = self._check_lease(s, msg)
+            spec = self.tasks[lease.task_id].spec
+            ctx = ValidationContext(
+                vocab_size=self.vocab_size, head_k=spec.sampling.head_k, truncation=spec.sampling.truncation,
+                max_tokens=self.cfg.limits.max_trajectory_tokens, max_policy_tokens=spec.max_policy_tokens,
+                current_version=self.current_version)
+            return s, spec, ctx
+
+    def _check_lease(self, s: Session, msg: pb.Trajectory) -> Lease:
+        lease = self.leases.get(msg.lease_id)
+        if lease is None:
+            if self._done.get((msg.lease_id, msg.sample_index)) == s.id:
+                s.duplicates += 1
+                self.totals["duplicates"] += 1
+                raise Duplicate()
+            why = self._expired.get(msg.lease_id)
+            raise Rejected(grpc.StatusCode.INVALID_ARGUMENT, "lease_id",
+                           f"lease ended ({why}); its samples were re-queued" if why else
+                           "unknown lease (finished, or never granted)")
+        if lease.session_id != s.id:
+            raise Rejected(grpc.StatusCode.INVALID_ARGUMENT, "lease_id", "leased to another sampler")
+        if msg.task_id != lease.task_id:
+            raise Rejected(grpc.StatusCode.INVALID_ARGUMENT, "task_id",
+                           f"task {msg.task_id} is not the task of this lease ({lease.task_id})")
+        if msg.sample_index not in lease.indices:
+            raise Rejected(grpc.StatusCode.INVALID_ARGUMENT, "sample_index",
+                           f"sample {msg.sample_index} is not part of this lease {list(lease.indices)}")
+        if msg.sample_index not in lease.remaining:
+            s.duplicates += 1
+            self.totals["duplicates"] += 1
+            raise Duplicate()
+        return lease
+
+    def count_rejection(self, session_id: str, field: str) -> None:
+        with self.lock:
+            self.totals["rejected"] += 1
+            s = self.sessions.get(session_id)
+            if s is None:
+                return
+            s.rejected += 1
+            s.rejections[field] += 1
+            if s.rejected >= self.cfg.limits.max_rejections_per_sampler and not s.revoked:
+                s.revoked = True
+                self._drop_leases(s, "session revoked")
+
+    def _drop_leases(self, s: Session, why: str) -> None:
+        for lease_id in list(s.leases):
+            self._end_lease(self.leases[lease_id], why)
+
+    def finish_submit(self, msg: pb.Trajectory, record: TrajectoryRecord, s: Session) -> None:
+        """Commit a validated sample: exactly once, or ``Duplicate`` / ``Rejected``."""
+        with self.lock:
+            s = self.touch(s.id)
+            lease = self._check_lease(s, msg)  # it may have expired, or a racing retry won
+            if not self.buffer.fits(record.nbytes):
+                self.totals["backpressure"] += 1
+                raise Rejected(grpc.StatusCode.RESOURCE_EXHAUSTED, "",
+                               "trajectory buffer full (bytes): retry later")
+            record.session_id, record.sampler_name, record.group = s.id, s.name, s.group
+            record.recipe = dict(s.recipe)
+            record.received_unix = time.time()
+            lease.remaining.discard(msg.sample_index)
+            s.outstanding -= 1
+            self.outstanding -= 1
+            self.router.group(s.group).outstanding -= 1
+            s.accepted += 1
+            self.totals["accepted"] += 1
+            self.router.record(s.group, record.num_policy_tokens)
+            self._remember(self._done, (lease.id, msg.sample_index), s.id)
+            if not lease.remaining:
+                self._end_lease(lease, "")
+            self.buffer.add_sample(record.nbytes)
+            task = self.tasks[lease.task_id]
+            task.accepted[msg.sample_index] = record
+            if len(task.accepted) == task.spec.group_size:
+                del self.tasks[lease.task_id]
+                trajs = [task.accepted[i] for i in sorted(task.accepted)]
+                self.buffer.push_ready(TrajectoryGroup(lease.task_id, task.spec, trajs, time.time()))
+
+    # ---------------------------------------------------------------- status
+
+    def set_version(self, version: int) -> None:
+        with self.lock:
+            if version < self.current_version:
+                raise ValueError(f"version {version} is older than the current {self.current_version}")
+            self.current_version = version
+
+    def snapshot(self) -> dict:
+        with self.lock:
+            now = self.clock()
+            samplers = [{
+                "session_id": s.id, "name": s.name, "group": s.group, "recipe": dict(s.recipe),
+                "accelerator": s.accelerator, "capacity": s.capacity, "accepted": s.accepted,
+                "duplicates": s.duplicates, "rejected": s.rejected, "rejections": dict(s.rejections),
+                "outstanding": s.outstanding, "weights_version": s.weights_version,
+                "weight_failures": s.weight_failures, "active_samples": s.active_samples,
+                "revoked": s.revoked, "last_seen_s_ago": now - s.last_seen,
+            } for s in self.sessions.values()]
+            return {
+                "current_version": self.current_version, "pending_samples": self.pending_samples,
+                "outstanding_samples": self.outstanding, "live_leases": len(self.leases),
+                "open_tasks": len(self.tasks), "exhausted": self.exhausted and not self.pending,
+                "totals": dict(self.totals), "groups": self.router.snapshot(), "samplers": samplers,
+            }

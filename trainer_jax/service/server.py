@@ -1,0 +1,367 @@
+"""The rollout service: gRPC server, scheduler, buffer, weights registry, health and reflection.
+
+The Python API the training loop uses::
+
+    service = RolloutService(cfg.service, source, token=token, vocab_size=V).start()
+    groups = service.buffer.take_groups(n, timeout=30.0)          # validated, grouped by prompt
+    service.publish_version(7, {"bf16": dir_bf16, "fp8_block": dir_fp8})   # samplers follow
+    service.status()                                              # metrics dict (router, samplers)
+    service.stop()
+
+Submissions go through ``_submit``: lease checks (scheduler) -> content validation -> trainer-side
+reward -> commit, each step able to refuse with a status code and a reason naming the field.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from mixrl_wire import SERVICE_NAME, pb, pb_grpc
+from trainer_jax.config import RunConfig, ServiceConfig
+from trainer_jax.service.auth import BearerTokenInterceptor, server_credentials
+from trainer_jax.service.buffer import TrajectoryBuffer
+from trainer_jax.service.router import Router
+from trainer_jax.service.scheduler import Duplicate, Rejected, Scheduler
+from trainer_jax.service.tasks import TaskSource, build_task_source
+from trainer_jax.service.validation import ValidationError, validate_trajectory
+from trainer_jax.service.weights import WeightRegistry
+
+log = logging.getLogger("mixrl.service")
+_OK = grpc.StatusCode.OK.value[0]
+
+
+def _code(code: grpc.StatusCode) -> int:
+    return code.value[0]
+
+
+class _Servicer(pb_grpc.RolloutServicer):
+    """gRPC glue: every method maps scheduler/registry outcomes to status codes."""
+
+    def __init__(self, service: RolloutService):
+        self.svc = service
+
+    def Register(self, request, context):
+        try:
+            s = self.svc.scheduler.register(request, context.peer())
+        except Rejected as e:
+            context.abort(e.code, str(e))
+        cfg = self.svc.cfg
+        log.info("registered %s (group %s, recipe %s, capacity %d) from %s", s.name, s.group,
+                 s.recipe.get("name"), s.capacity, s.peer)
+        return pb.RegisterResponse(
+            session_id=s.id, server_id=self.svc.server_id,
+            heartbeat_interval_ms=int(cfg.heartbeat_s * 1000), session_ttl_ms=int(cfg.session_ttl_s * 1000),
+            max_outstanding=self.svc.scheduler.max_outstanding(s),
+            max_message_bytes=cfg.limits.max_message_bytes, vocab_size=self.svc.vocab_size,
+            current_version=self.svc.scheduler.current_version)
+
+    def Lease(self, request, context):
+        try:
+            return self.svc.scheduler.lease(request)
+        except Rejected as e:
+            context.abort(e.code, str(e))
+
+    def Heartbeat(self, request, context):
+        try:
+            return self.svc.scheduler.heartbeat(request)
+        except Rejected as e:
+            context.abort(e.code, str(e))
+
+    def Submit(self, request, context):
+        ack = self.svc._submit(request)
+        if ack.code != _OK:
+            context.abort(_CODES[ack.code], ack.reason)
+        return ack
+
+    def SubmitStream(self, request_iterator, context):
+        for request in request_iterator:
+            yield self.svc._submit(request)
+
+    def WatchWeights(self, request, context):
+        sched = self.svc.scheduler
+        try:
+            sched.touch(request.session_id)
+        except Rejected as e:
+            context.abort(e.code, str(e))
+        after = request.after_version
+        while context.is_active() and not self.svc._stopping.is_set():
+            pv = self.svc.weights.wait_newer(after, timeout=0.5)
+            if pv is not None:
+                yield pv.to_pb()
+                after = pv.version
+            # A stream outliving its session would hide a service restart from the sampler.
+            if request.session_id not in sched.sessions:
+                context.abort(grpc.StatusCode.NOT_FOUND, "session_id: session expired (register again)")
+
+    def FetchWeights(self, request, context):
+        try:
+            self.svc.scheduler.touch(request.session_id)
+        except Rejected as e:
+            context.abort(e.code, str(e))
+        try:
+            path, size = self.svc.weights.file(request.version, request.format, request.path)
+        except KeyError as e:
+            context.abort(grpc.StatusCode.NOT_FOUND, str(e.args[0]))
+        if not 0 <= request.offset <= size:
+            context.abort(grpc.StatusCode.OUT_OF_RANGE, f"offset: {request.offset} outside [0, {size}]")
+        try:
+            for offset, data in WeightRegistry.read_chunks(path, request.offset):
+                yield pb.WeightChunk(offset=offset, data=data)
+        except OSError as e:
+            context.abort(grpc.StatusCode.UNAVAILABLE, f"path: cannot read {request.path} ({e.strerror})")
+
+    def Status(self, request, context):
+        return self.svc.status_pb()
+
+
+_CODES = {c.value[0]: c for c in grpc.StatusCode}
+
+
+class RolloutService:
+    """The trainer-side rollout service; see the module docstring for the API."""
+
+    def __init__(self, cfg: ServiceConfig, source: TaskSource, *, token: str, vocab_size: int,
+                 listen: str | None = None):
+        if cfg.buffer.max_trajectories < 1:
+            raise ValueError("service.buffer.max_trajectories must be >= 1")
+        self.cfg = cfg
+        self.source = source
+        self.token = token
+        self.vocab_size = int(vocab_size)
+        self.listen = listen or cfg.listen
+        self.server_id = f"{int(time.time()):x}-{threading.get_native_id():x}-{id(self) & 0xffff:x}"
+        self.buffer = TrajectoryBuffer(cfg.buffer.max_trajectories, cfg.buffer.max_bytes)
+        self.router = Router(cfg.router)
+        self.scheduler = Scheduler(source, self.buffer, self.router, cfg, self.vocab_size)
+        self.weights = WeightRegistry()
+        self.port: int | None = None
+        self._server: grpc.Server | None = None
+        self._health = health.HealthServicer(experimental_non_blocking=True)
+        self._stopping = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._started = time.monotonic()
+        self.dropped_groups = 0
+        self.dropped_trajectories = 0
+
+    # ---------------------------------------------------------------- lifecycle
+
+    @property
+    def address(self) -> str:
+        host = self.listen.rpartition(":")[0]
+        return f"{host}:{self.port}"
+
+    def start(self) -> RolloutService:
+        limits = self.cfg.limits
+        options = [
+            ("grpc.max_receive_message_length", limits.max_message_bytes),
+            ("grpc.max_send_message_length", limits.max_message_bytes),
+            # Never share a port with another process silently (gRPC's default allows it).
+            ("grpc.so_reuseport", 0),
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.min_recv_ping_interval_without_data_ms", 5000),
+            ("grpc.http2.max_ping_strikes", 0),
+        ]
+        auth = BearerTokenInterceptor(self.token, on_reject=self._count_unauthenticated)
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=self.cfg.max_workers,
+                                                        thread_name_prefix="mixrl-rpc"),
+                             interceptors=[auth], options=options,
+                             maximum_concurrent_rpcs=limits.max_concurrent_rpcs)
+        pb_grpc.add_RolloutServicer_to_server(_Servicer(self), server)
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        reflection.enable_server_reflection(
+            (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+             reflection.SERVICE_NAME), server)
+        creds = server_credentials(self.cfg.tls)
+        try:
+            port = (server.add_secure_port(self.listen, creds) if creds is not None
+                    else server.add_insecure_port(self.listen))
+        except RuntimeError as e:  # grpc raises on bind failure in recent versions
+            raise OSError(f"cannot listen on {self.listen}: {e}") from None
+        if not port:
+            raise OSError(f"cannot listen on {self.listen}")
+        self.port = port
+        server.start()
+        self._server = server
+        for service in ("", SERVICE_NAME):
+            self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
+        self._spawn(self._reaper, "mixrl-reaper")
+        log.info("rollout service %s listening on %s (%s)", self.server_id, self.address,
+                 "mTLS" if self.cfg.tls.client_ca_file else "TLS" if self.cfg.tls.enabled else "plaintext")
+        return self
+
+    def _spawn(self, target, name: str) -> None:
+        t = threading.Thread(target=target, name=name, daemon=True)
+        t.start()
+        self._threads.append(t)
+
+    def _reaper(self) -> None:
+        period = min(0.2, self.cfg.session_ttl_s / 5)
+        while not self._stopping.wait(period):
+            self.scheduler.expire()
+
+    def start_drain(self) -> None:
+        """Take and drop complete groups as they arrive (``mixrl-train serve``: count, don't train)."""
+
+        def drain() -> None:
+            while not self._stopping.is_set():
+                groups = self.buffer.take_groups(1024, timeout=0.1)
+                self.dropped_groups += len(groups)
+                self.dropped_trajectories += sum(len(g.trajectories) for g in groups)
+
+        self._spawn(drain, "mixrl-drain")
+
+    def stop(self, grace: float = 1.0) -> None:
+        if self._stopping.is_set():
+            return
+        self._stopping.set()
+        self._health.enter_graceful_shutdown()
+        self.weights.close()
+        if self._server is not None:
+            self._server.stop(grace).wait()
+        for t in self._threads:
+            t.join(timeout=2.0)
+
+    def wait(self) -> None:
+        if self._server is not None:
+            self._server.wait_for_termination()
+
+    def __enter__(self) -> RolloutService:
+        return self.start() if self._server is None else self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # ---------------------------------------------------------------- trainer API
+
+    def publish_version(self, version: int, paths: Mapping[str, str | Path],
+                        manifests: Mapping[str, Mapping] | None = None) -> None:
+        """Announce weights ``version`` as ``{format: directory}`` to every watching sampler.
+
+        ``manifests``: per format, a converter manifest dict (``{"files": {rel: {"sha256", "size"}}}``);
+        by default the directory's ``manifest.json`` (or one computed here if it has none).
+        Versions must increase; trajectories may then carry tokens of any version up to this one.
+        """
+        self.weights.publish(version, paths, manifests)
+        self.scheduler.set_version(version)
+        log.info("published weights version %d (%s)", version, ", ".join(paths))
+
+    def status(self) -> dict:
+        """Everything a dashboard or the training loop's metrics want, as plain data."""
+        snap = self.scheduler.snapshot()
+        snap["buffer"] = self.buffer.snapshot()
+        snap["server_id"] = self.server_id
+        snap["uptime_s"] = time.monotonic() - self._started
+        snap["dropped_groups"] = self.dropped_groups
+        snap["dropped_trajectories"] = self.dropped_trajectories
+        return snap
+
+    def status_pb(self) -> pb.StatusResponse:
+        st = self.status()
+        t = st["totals"]
+        groups = [pb.GroupStatus(name=name, samplers=g["samplers"], tokens_per_s=g["tokens_per_s"],
+                                 share=g["share"], outstanding=g["outstanding"], accepted=g["accepted"])
+                  for name, g in st["groups"].items()]
+        samplers = [pb.SamplerStatus(
+            session_id=s["session_id"], name=s["name"], group=s["group"], recipe=pb.Recipe(**s["recipe"]),
+            accelerator=s["accelerator"], accepted=s["accepted"], duplicates=s["duplicates"],
+            rejected=s["rejected"], rejections=s["rejections"], outstanding=s["outstanding"],
+            weights_version=s["weights_version"], weight_failures=s["weight_failures"],
+            last_seen_s_ago=s["last_seen_s_ago"]) for s in st["samplers"]]
+        return pb.StatusResponse(
+            server_id=self.server_id, current_version=st["current_version"], uptime_s=st["uptime_s"],
+            pending_samples=st["pending_samples"], outstanding_samples=st["outstanding_samples"],
+            buffered_trajectories=st["buffer"]["held_trajectories"],
+            buffered_bytes=st["buffer"]["held_bytes"], ready_groups=st["buffer"]["ready_groups"],
+            accepted=t.get("accepted", 0), duplicates=t.get("duplicates", 0), rejected=t.get("rejected", 0),
+            taken_groups=st["buffer"]["taken_groups"], requeued_samples=t.get("requeued_samples", 0),
+            groups=groups, samplers=samplers)
+
+    # ---------------------------------------------------------------- internals
+
+    def _count_unauthenticated(self, method: str) -> None:
+        with self.scheduler.lock:
+            self.scheduler.totals["unauthenticated"] += 1
+
+    def _submit(self, msg: pb.Trajectory) -> pb.SubmitAck:
+        """One submission end to end; never raises (the ack carries the outcome)."""
+        ack = pb.SubmitAck(task_id=msg.task_id, sample_index=msg.sample_index)
+        sched = self.scheduler
+        try:
+            session, spec, ctx = sched.begin_submit(msg)
+            try:
+                record = validate_trajectory(msg, ctx)
+            except ValidationError as e:
+                sched.count_rejection(msg.session_id, e.field)
+                ack.code, ack.reason = _code(grpc.StatusCode.INVALID_ARGUMENT), str(e)
+                return ack
+            score = self.source.score(spec, record)
+            if score is not None:
+                record.reward = float(score)
+            sched.finish_submit(msg, record, session)
+        except Duplicate:
+            ack.duplicate = True
+        except Rejected as e:
+            if e.code == grpc.StatusCode.INVALID_ARGUMENT:
+                sched.count_rejection(msg.session_id, e.field)
+            ack.code, ack.reason = _code(e.code), str(e)
+        except Exception as e:  # a bug must not take the stream down with it
+            log.exception("submit failed")
+            ack.code, ack.reason = _code(grpc.StatusCode.INTERNAL), f"internal error: {type(e).__name__}"
+        return ack
+
+    # ---------------------------------------------------------------- construction
+
+    @classmethod
+    def from_config(cls, cfg: RunConfig, *, token: str, listen: str | None = None,
+                    source: TaskSource | None = None) -> RolloutService:
+        """Build (not start) the service a run config describes: tasks from ``cfg.tasks``."""
+        source = source or build_task_source(cfg.tasks)
+        vocab = cfg.service.vocab_size or _weights_vocab(cfg.service.weights_dir) or getattr(
+            source, "vocab_size", None)
+        if vocab is None:
+            raise ValueError("service.vocab_size: cannot infer the vocabulary size (no weights_dir, and the "
+                             "task source has no tokenizer); set it")
+        return cls(cfg.service, source, token=token, vocab_size=vocab, listen=listen)
+
+
+def _weights_vocab(weights_dir: str | None) -> int | None:
+    if weights_dir is None:
+        return None
+    for cfg_path in [Path(weights_dir) / "config.json", *sorted(Path(weights_dir).glob("*/config.json"))]:
+        if cfg_path.exists():
+            return int(json.loads(cfg_path.read_text())["vocab_size"])
+    return None
+
+
+def weight_dirs(weights_dir: str | Path, default_format: str) -> dict[str, Path]:
+    """``{format: dir}`` of a weights directory: itself if it is an HF dir, else its HF subdirectories."""
+    root = Path(weights_dir)
+    if (root / "config.json").exists():
+        return {default_format: root}
+    found = {p.parent.name: p.parent for p in sorted(root.glob("*/config.json"))}
+    if not found:
+        raise FileNotFoundError(f"{root}: neither an HF directory nor a directory of per-format HF dirs")
+    return found
+
+
+def watch_status_lines(service: RolloutService, every_s: float) -> Iterator[str]:
+    """One-line summaries of the service's state every ``every_s`` seconds (for ``serve``)."""
+    while not service._stopping.wait(every_s):
+        st = service.status()
+        t = st["totals"]
+        shares = " ".join(f"{g}={v['share']:.2f}@{v['tokens_per_s']:.0f}tok/s"
+                          for g, v in st["groups"].items())
+        yield (f"v{st['current_version']} samplers={len(st['samplers'])} accepted={t.get('accepted', 0)} "
+               f"dup={t.get('duplicates', 0)} rejected={t.get('rejected', 0)} "
+               f"requeued={t.get('requeued_samples', 0)} dropped_groups={st['dropped_groups']} "
+               f"pending={st['pending_samples']} leased={st['outstanding_samples']} [{shares}]")
