@@ -151,14 +151,12 @@ class HeartbeatRequest(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., weights_version: _Optional[int] = ..., weight_failures: _Optional[int] = ..., active_samples: _Optional[int] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
-    __slots__ = ("current_version", "expired_lease_ids", "lease_deadline_unix_ms")
+    __slots__ = ("current_version", "expired_lease_ids")
     CURRENT_VERSION_FIELD_NUMBER: _ClassVar[int]
     EXPIRED_LEASE_IDS_FIELD_NUMBER: _ClassVar[int]
-    LEASE_DEADLINE_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     current_version: int
     expired_lease_ids: _containers.RepeatedScalarFieldContainer[str]
-    lease_deadline_unix_ms: int
-    def __init__(self, current_version: _Optional[int] = ..., expired_lease_ids: _Optional[_Iterable[str]] = ..., lease_deadline_unix_ms: _Optional[int] = ...) -> None: ...
+    def __init__(self, current_version: _Optional[int] = ..., expired_lease_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Timings(_message.Message):
     __slots__ = ("queue_ms", "generate_ms")
