@@ -1,0 +1,8 @@
+"""The PyTorch sampler engine: ``Engine(model_dir, recipe).generate(prompts, SamplingParams)``."""
+
+from sampler_torch.engine.engine import Engine, GenerateStats
+from sampler_torch.engine.params import Completion, SamplingParams
+from sampler_torch.engine.sampling import StepRecords, sample_step, uniforms
+
+__all__ = ["Completion", "Engine", "GenerateStats", "SamplingParams", "StepRecords", "sample_step",
+           "uniforms"]

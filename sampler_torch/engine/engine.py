@@ -1,0 +1,320 @@
+"""The sampler engine: continuous batching over a slot-addressed KV cache, a precision recipe,
+full per-token behaviour records, and in-flight weight reloads.
+
+Scheduling. ``generate`` keeps up to ``max_batch`` requests in flight, one per KV-cache slot.
+Each iteration (a "step") is:
+
+1. apply a staged weight reload, if any (only here, between forwards);
+2. admit waiting requests into free slots and prefill them (one batched forward, right-padded);
+3. decode every other running request by one token (one batched forward);
+4. sample one token for every running request from the logits of 2 and 3, and record it;
+5. retire requests that hit a stop token or their length limit: their slots are free for the
+   next iteration's admissions, without waiting for the rest of the batch.
+
+Both forwards of a step use one model object, so every token's logits come from exactly one
+weights version, recorded in ``Completion.versions``.
+
+Reloads. ``load_weights(dir, version)`` verifies the export's manifest and builds a complete
+new model for the recipe in the calling thread (any thread); any failure raises and leaves the
+serving weights untouched. The new model is then staged and swapped in at the next step
+boundary of a running ``generate`` (or at once when idle). The KV cache is kept across the swap
+(tokens after it attend to keys/values the old weights computed), as in-flight RL samplers do;
+the versions record says where the switch happened.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import os
+import secrets
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from sampler_torch.engine.params import Completion, SamplingParams
+from sampler_torch.engine.sampling import sample_step, uniforms
+from sampler_torch.recipes import (
+    LoadedModel,
+    Recipe,
+    WeightLoadError,
+    get_recipe,
+    load_model,
+    make_kv_cache,
+)
+
+
+@dataclasses.dataclass
+class _Request:
+    index: int
+    prompt: list[int]
+    params: SamplingParams
+    seed: int
+    out: Completion
+    truncates: bool
+    slot: int = -1
+
+
+@dataclasses.dataclass
+class GenerateStats:
+    """What the last ``generate`` did, step by step (for tests, benchmarks and logs)."""
+
+    steps: int = 0
+    prefill_tokens: int = 0
+    decode_tokens: int = 0
+    #: (step, request index, slot) for every admission
+    admissions: list[tuple[int, int, int]] = dataclasses.field(default_factory=list)
+    #: (step, request index) for every retirement
+    retirements: list[tuple[int, int]] = dataclasses.field(default_factory=list)
+    #: (step, version) for every weight swap applied during the call
+    swaps: list[tuple[int, int]] = dataclasses.field(default_factory=list)
+
+
+class Engine:
+    """``Engine(model_dir, recipe)``; ``generate(prompts, params) -> list[Completion]``.
+
+    ``model_dir`` is an export in the recipe's weight format (a plain HF directory for ``bf16``);
+    its manifest is checked when it has one (``require_manifest=True`` insists on one).
+    ``recipe`` is a registered name or a ``Recipe``; ``recipe_overrides`` change its fields
+    (``kv_cache_dtype="fp8_e4m3"``, ``compute_dtype="float32"``, ``attention="eager"``, ...).
+    """
+
+    def __init__(self, model_dir: str | os.PathLike, recipe: str | Recipe = "bf16", *,
+                 max_batch: int = 32, version: int = 0, device: str | torch.device = "cpu",
+                 require_manifest: bool = False, **recipe_overrides):
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        self.recipe = get_recipe(recipe, **recipe_overrides)
+        self.device = torch.device(device)
+        self.max_batch = max_batch
+        self._loaded: LoadedModel = load_model(model_dir, self.recipe, device=self.device,
+                                               require_manifest=require_manifest)
+        self._version = version
+        self._lock = threading.Lock()  # guards _loaded/_version/_pending/_generating
+        self._generate_lock = threading.Lock()  # one generate at a time
+        self._pending: tuple[LoadedModel, int] | None = None
+        self._generating = False
+        self.last_stats = GenerateStats()
+
+    # ------------------------------------------------------------------ weights
+
+    @property
+    def model(self):
+        return self._loaded.model
+
+    @property
+    def config(self):
+        return self._loaded.config
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    @property
+    def model_dir(self) -> Path:
+        return self._loaded.path
+
+    def load_weights(self, model_dir: str | os.PathLike, version: int) -> None:
+        """Verify and load ``model_dir`` as weights ``version``; swap at the next step boundary.
+
+        Raises ``WeightLoadError``/``RecipeError`` (and changes nothing) when the manifest does
+        not match, a file is missing or malformed, the export is in another format, or the model
+        architecture differs from the one being served.
+        """
+        loaded = load_model(model_dir, self.recipe, device=self.device, require_manifest=True)
+        if loaded.config != self._loaded.config:
+            raise WeightLoadError(f"{model_dir}: architecture differs from the served model "
+                                  f"({loaded.config} vs {self._loaded.config})")
+        with self._lock:
+            if self._generating:
+                self._pending = (loaded, int(version))
+            else:
+                self._loaded, self._version, self._pending = loaded, int(version), None
+
+    def _apply_pending(self) -> bool:
+        with self._lock:
+            if self._pending is None:
+                return False
+            self._loaded, self._version = self._pending
+            self._pending = None
+            return True
+
+    # ------------------------------------------------------------------ scoring
+
+    @torch.inference_mode()
+    def logits(self, sequences: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+        """Teacher-forced float32 logits ``[len(seq), V]`` of each sequence (no cache)."""
+        model = self._loaded.model
+        out = []
+        for seq in sequences:
+            ids = torch.tensor([list(seq)], dtype=torch.long, device=self.device)
+            out.append(model(ids)[0].float().cpu())
+        return out
+
+    # ------------------------------------------------------------------ generation
+
+    def _requests(self, prompts: Sequence[Sequence[int]],
+                  params: SamplingParams | Sequence[SamplingParams]) -> list[_Request]:
+        vocab = self.config.vocab_size
+        if isinstance(params, SamplingParams):
+            base = params.seed if params.seed is not None else secrets.randbits(62)
+            plist = [params] * len(prompts)
+            seeds = [(base + i) % 2**63 for i in range(len(prompts))]
+        else:
+            plist = list(params)
+            if len(plist) != len(prompts):
+                raise ValueError(f"{len(prompts)} prompts but {len(plist)} SamplingParams")
+            seeds = [p.seed if p.seed is not None else secrets.randbits(62) for p in plist]
+        reqs = []
+        for i, (prompt, p, seed) in enumerate(zip(prompts, plist, seeds, strict=True)):
+            prompt = [int(t) for t in prompt]
+            if not prompt:
+                raise ValueError(f"prompt {i} is empty; every prompt needs at least one token")
+            if min(prompt) < 0 or max(prompt) >= vocab:
+                raise ValueError(f"prompt {i} has token ids outside [0, {vocab})")
+            truncates = p.truncates(vocab)
+            out = Completion(index=i, prompt_ids=prompt, seed=seed,
+                             support_ids=[] if truncates else None,
+                             support_logprobs=[] if truncates else None)
+            reqs.append(_Request(i, prompt, p, seed, out, truncates))
+        return reqs
+
+    @torch.inference_mode()
+    def generate(self, prompts: Sequence[Sequence[int]],
+                 params: SamplingParams | Sequence[SamplingParams] | None = None, *,
+                 on_step: Callable[[int], None] | None = None) -> list[Completion]:
+        """Generate for every prompt; completions in prompt order.
+
+        ``params``: one ``SamplingParams`` for all (request ``i`` seeded ``seed + i``) or one per
+        prompt. ``on_step(step)`` runs after each step's sampling (the point where a reload
+        requested from it takes effect before the next forward).
+        """
+        reqs = self._requests(prompts, params if params is not None else SamplingParams())
+        if not reqs:
+            return []
+        with self._generate_lock:
+            self._apply_pending()
+            with self._lock:
+                self._generating = True
+            try:
+                self._run(reqs, on_step)
+            finally:
+                with self._lock:
+                    self._generating = False
+                self._apply_pending()  # a reload staged during the last step
+        return [r.out for r in reqs]
+
+    def _run(self, reqs: list[_Request], on_step: Callable[[int], None] | None) -> None:
+        cfg, dev = self.config, self.device
+        stats = self.last_stats = GenerateStats()
+        n_slots = min(self.max_batch, len(reqs))
+        max_len = max(len(r.prompt) + r.params.max_new_tokens for r in reqs)
+        loaded = self._loaded
+        cache = make_kv_cache(cfg, n_slots, max_len, self.recipe.kv_torch_dtype,
+                              loaded.k_scales, loaded.v_scales)
+        # Per-slot sampling state, indexed by slot.
+        temp = torch.zeros(n_slots)
+        top_p = torch.ones(n_slots, dtype=torch.float64)
+        top_k = torch.zeros(n_slots, dtype=torch.long)
+        seeds = np.zeros(n_slots, np.uint64)
+        length = [0] * n_slots                  # tokens of the slot's sequence in the cache
+        next_token = [0] * n_slots              # the token to feed at the next decode
+        waiting = collections.deque(reqs)
+        free = list(range(n_slots - 1, -1, -1))
+        running: dict[int, _Request] = {}       # slot -> request, admitted and not finished
+        decoding: list[int] = []                # slots with a sampled token still to feed
+        step = 0
+        while waiting or running:
+            if self._apply_pending():
+                stats.swaps.append((step, self._version))
+            model, version = self._loaded.model, self._version
+            # -- admit and prefill
+            admitted = []
+            while free and waiting:
+                req = waiting.popleft()
+                slot = free.pop()
+                req.slot = slot
+                running[slot] = req
+                admitted.append(slot)
+                p = req.params
+                temp[slot], top_p[slot], top_k[slot] = p.temperature, p.top_p, p.top_k
+                seeds[slot] = req.seed
+                length[slot] = len(req.prompt)
+                stats.admissions.append((step, req.index, slot))
+            logits_parts, slot_order = [], []
+            if admitted:
+                longest = max(length[s] for s in admitted)
+                ids = torch.zeros(len(admitted), longest, dtype=torch.long)
+                for row, s in enumerate(admitted):
+                    ids[row, : length[s]] = torch.tensor(running[s].prompt)
+                slots_t = torch.tensor(admitted, device=dev)
+                h = model.hidden_states(ids.to(dev), cache=cache, slots=slots_t)
+                last = torch.tensor([length[s] - 1 for s in admitted], device=dev)
+                logits_parts.append(model.lm_head(h[torch.arange(len(admitted), device=dev), last]))
+                slot_order += admitted
+                stats.prefill_tokens += sum(length[s] for s in admitted)
+            # -- decode
+            if decoding:
+                slots_t = torch.tensor(decoding, device=dev)
+                tokens = torch.tensor([[next_token[s]] for s in decoding], device=dev)
+                positions = torch.tensor([[length[s] - 1] for s in decoding], device=dev)
+                h = model.hidden_states(tokens, positions, cache=cache, slots=slots_t)
+                logits_parts.append(model.lm_head(h[:, -1]))
+                slot_order += decoding
+                stats.decode_tokens += len(decoding)
+            # -- sample
+            logits = torch.cat(logits_parts).float().cpu()
+            order = torch.tensor(slot_order)
+            counts = np.array([len(running[s].out.token_ids) for s in slot_order], np.uint64)
+            u = torch.from_numpy(uniforms(seeds[slot_order], counts))
+            head_k = max(running[s].params.head_k for s in slot_order)
+            rec = sample_step(logits, temp[order], top_p[order], top_k[order], head_k, u)
+            self._record(rec, slot_order, running, version)
+            # -- retire
+            decoding = []
+            for s in slot_order:
+                req = running[s]
+                tok = req.out.token_ids[-1]
+                if tok in req.params.stop_token_ids:
+                    req.out.finish_reason = "stop"
+                elif len(req.out.token_ids) >= req.params.max_new_tokens:
+                    req.out.finish_reason = "length"
+                else:
+                    next_token[s] = tok
+                    length[s] += 1
+                    decoding.append(s)
+                    continue
+                del running[s]
+                free.append(s)
+                stats.retirements.append((step, req.index))
+            stats.steps = step = step + 1
+            if on_step is not None:
+                on_step(step - 1)
+
+    @staticmethod
+    def _record(rec, slot_order: list[int], running: dict[int, _Request], version: int) -> None:
+        tokens = rec.tokens.tolist()
+        logprob = rec.logprob.tolist()
+        logprob_full = rec.logprob_full.tolist()
+        head_ids = rec.head_ids.tolist()
+        head_lp = rec.head_logprobs.tolist()
+        has_support = rec.support_ids.shape[1] > 0
+        if has_support:
+            sup_ids, sup_lp = rec.support_ids.tolist(), rec.support_logprobs.tolist()
+            sup_len = rec.support_len.tolist()
+        for row, s in enumerate(slot_order):
+            out = running[s].out
+            k = running[s].params.head_k
+            out.token_ids.append(tokens[row])
+            out.logprobs.append(logprob[row])
+            out.logprobs_full.append(logprob_full[row])
+            out.head_ids.append(head_ids[row][:k])
+            out.head_logprobs.append(head_lp[row][:k])
+            out.versions.append(version)
+            if running[s].truncates:
+                n = sup_len[row]
+                out.support_ids.append(sup_ids[row][:n])
+                out.support_logprobs.append(sup_lp[row][:n])

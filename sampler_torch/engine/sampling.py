@@ -1,0 +1,134 @@
+"""One sampling step for a batch of rows: the token, and every record the trainer needs.
+
+Per row, with logits z and temperature T (T = 0: greedy, treated as T = 1 with top-k = 1):
+
+- q = softmax(z / T) (``logprob_full``, ``head_*`` = the top ``head_k`` of q);
+- the kept set S: sort q descending (stable, so ties keep vocabulary order); keep rank r when
+  ``r < top_k`` (if top-k is on) and the mass before it, ``sum_{r' < r} q``, is ``<= top_p``
+  (SGLang's ``top_k_top_p`` rule, both on the full q) -- always a non-empty prefix;
+- b = q / q(S) on S (``logprob``, ``support_*``), or b = q when nothing is truncated;
+- the token: inverse CDF of b at the row's uniform u, over S in sorted order when truncating,
+  else over the vocabulary in id order (cumulative sums in float64).
+
+Uniforms come from a counter-based generator: ``u = splitmix64(seed, n) / 2^64`` for the n-th
+token of a request, so a request's samples depend only on its seed and its logits -- never on
+which other requests share the batch or which slot it landed in (continuous batching reorders
+both freely).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import torch
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+
+
+def _mix64(z: np.ndarray) -> np.ndarray:
+    """The SplitMix64 finalizer (Steele, Lea & Flood 2014), on uint64 arrays (wrapping)."""
+    z = (z ^ (z >> np.uint64(30))) * _M1
+    z = (z ^ (z >> np.uint64(27))) * _M2
+    return z ^ (z >> np.uint64(31))
+
+
+def uniforms(seeds: np.ndarray, counters: np.ndarray) -> np.ndarray:
+    """float64 in [0, 1): the ``counters``-th draw of the SplitMix64 stream of each seed.
+
+    The stream of seed s is ``mix(mix(s) + (n + 1) * golden)``, n = 0, 1, ...; hashing the seed
+    first decorrelates the streams of neighbouring seeds (request i uses seed + i).
+    """
+    with np.errstate(over="ignore"):
+        s = _mix64(np.asarray(seeds, np.uint64))
+        z = _mix64(s + (np.asarray(counters, np.uint64) + np.uint64(1)) * _GOLDEN)
+    return (z >> np.uint64(11)).astype(np.float64) * (1.0 / 2**53)
+
+
+@dataclasses.dataclass
+class StepRecords:
+    tokens: torch.Tensor            # [B] int64
+    logprob: torch.Tensor           # [B] float32, log b(x)
+    logprob_full: torch.Tensor      # [B] float32, log q(x)
+    head_ids: torch.Tensor          # [B, H] int64
+    head_logprobs: torch.Tensor     # [B, H] float32
+    support_ids: torch.Tensor       # [B, S] int64, -1 padded (S = 0 when no row truncates)
+    support_logprobs: torch.Tensor  # [B, S] float32, -inf padded
+    support_len: torch.Tensor       # [B] int64, 0 for rows that do not truncate
+
+
+def _pick(cdf: torch.Tensor, u: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
+    """Smallest index i with ``cdf[i] > u * total`` (so zero-probability entries are never hit)."""
+    total = cdf.gather(1, last[:, None])
+    target = torch.minimum(u[:, None] * total, torch.nextafter(total, torch.zeros_like(total)))
+    idx = torch.searchsorted(cdf, target, right=True)[:, 0]
+    return torch.minimum(idx, last)
+
+
+def sample_step(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor,
+                top_k: torch.Tensor, head_k: int, u: torch.Tensor) -> StepRecords:
+    """Sample one token per row of ``logits [B, V]`` (see the module docstring).
+
+    ``temperature``/``top_p`` float ``[B]``, ``top_k`` int ``[B]`` (<= 0: off), ``u`` float64 ``[B]``.
+    """
+    b, vocab = logits.shape
+    dev = logits.device
+    greedy = temperature <= 0
+    temp = torch.where(greedy, torch.ones_like(temperature), temperature).float()
+    logq = torch.log_softmax(logits.float() / temp[:, None], dim=-1)
+    k = torch.where(greedy, torch.ones_like(top_k), top_k)
+    k = torch.where((k <= 0) | (k >= vocab), torch.zeros_like(k), k)  # 0: no top-k
+    trunc = (top_p < 1) | (k > 0)
+
+    tokens = torch.empty(b, dtype=torch.long, device=dev)
+    logprob = torch.empty(b, dtype=torch.float32, device=dev)
+    support_ids = torch.empty(b, 0, dtype=torch.long, device=dev)
+    support_lp = torch.empty(b, 0, dtype=torch.float32, device=dev)
+    support_len = torch.zeros(b, dtype=torch.long, device=dev)
+
+    full = torch.nonzero(~trunc)[:, 0]
+    if full.numel():
+        lq = logq[full]
+        cdf = lq.double().exp().cumsum(-1)
+        idx = _pick(cdf, u[full], torch.full_like(full, vocab - 1))
+        tokens[full] = idx
+        logprob[full] = lq.gather(1, idx[:, None])[:, 0]
+
+    rows = torch.nonzero(trunc)[:, 0]
+    if rows.numel():
+        lq, kr, pr = logq[rows], k[rows], top_p[rows].double()
+        # Only a prefix can be kept: with top-k on every row, the top max(k) suffice.
+        width = int(kr.max()) if bool((kr > 0).all()) else vocab
+        if width < vocab:
+            sl, order = lq.topk(width, dim=-1, sorted=True)
+        else:
+            sl, order = lq.sort(dim=-1, descending=True, stable=True)
+        p = sl.double().exp()
+        before = p.cumsum(-1) - p
+        rank = torch.arange(width, device=dev)
+        keep = (before <= pr[:, None]) & ((kr[:, None] <= 0) | (rank[None] < kr[:, None]))
+        keep[:, 0] = True
+        n_keep = keep.sum(-1)
+        log_mass = torch.logsumexp(sl.masked_fill(~keep, float("-inf")), dim=-1)
+        logb = (sl - log_mass[:, None]).masked_fill(~keep, float("-inf"))
+        cdf = (p * keep).cumsum(-1)
+        j = _pick(cdf, u[rows], n_keep - 1)
+        tokens[rows] = order.gather(1, j[:, None])[:, 0]
+        logprob[rows] = logb.gather(1, j[:, None])[:, 0]
+        width_used = int(n_keep.max())
+        support_ids = torch.full((b, width_used), -1, dtype=torch.long, device=dev)
+        support_lp = torch.full((b, width_used), float("-inf"), dtype=torch.float32, device=dev)
+        support_ids[rows] = order[:, :width_used].masked_fill(~keep[:, :width_used], -1)
+        support_lp[rows] = logb[:, :width_used]
+        support_len[rows] = n_keep
+
+    logprob_full = logq.gather(1, tokens[:, None])[:, 0]
+    if head_k > 0:
+        head_lp, head_ids = logq.topk(min(head_k, vocab), dim=-1, sorted=True)
+    else:
+        head_lp = torch.empty(b, 0, device=dev)
+        head_ids = torch.empty(b, 0, dtype=torch.long, device=dev)
+    return StepRecords(tokens, logprob, logprob_full, head_ids, head_lp, support_ids, support_lp,
+                       support_len)

@@ -1,0 +1,194 @@
+"""The engine's records, sampling statistics, seeds and continuous batching (fp32 mode, so the
+engine's logits can be recomputed exactly by a teacher-forced forward)."""
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from sampler_torch.engine import Engine, SamplingParams, sample_step, uniforms
+
+T, TOP_P, TOP_K, HEAD_K = 0.7, 0.8, 12, 5
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    # Two shared cores: OpenMP spin-waiting across busy cores makes tiny matmuls 50x slower.
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+@pytest.fixture(scope="module")
+def engine(hf_model_dir):
+    path, _ = hf_model_dir("dense_untied_gqa4")
+    return Engine(path, "bf16", compute_dtype="float32", max_batch=4)
+
+
+def _kept(logq: torch.Tensor, top_p: float, top_k: int) -> list[int]:
+    """The kept set, computed independently: sorted by probability, prefix rule of SGLang."""
+    probs = logq.double().exp().numpy()
+    order = np.argsort(-probs, kind="stable")
+    kept, before = [], 0.0
+    for rank, tok in enumerate(order):
+        if (top_k > 0 and rank >= top_k) or before > top_p:
+            break
+        kept.append(int(tok))
+        before += probs[tok]
+    return kept
+
+
+def test_records_match_a_full_softmax(engine):
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8], [9], [10, 11], [12, 13, 14]]
+    params = SamplingParams(temperature=T, top_p=TOP_P, top_k=TOP_K, head_k=HEAD_K,
+                            max_new_tokens=6, seed=11)
+    outs = engine.generate(prompts, params)
+    for prompt, c in zip(prompts, outs, strict=True):
+        assert len(c.token_ids) == len(c.logprobs) == len(c.logprobs_full) == len(c.head_ids) \
+            == len(c.support_ids) == len(c.versions) == 6
+        logits = engine.logits([prompt + c.token_ids])[0][len(prompt) - 1: -1]
+        for t, x in enumerate(c.token_ids):
+            logq = torch.log_softmax(logits[t] / T, -1)
+            assert c.logprobs_full[t] == pytest.approx(float(logq[x]), abs=1e-5)
+            top = torch.topk(logq, HEAD_K)
+            assert c.head_ids[t] == top.indices.tolist()
+            np.testing.assert_allclose(c.head_logprobs[t], top.values.numpy(), atol=1e-5)
+            kept = _kept(logq, TOP_P, TOP_K)
+            assert c.support_ids[t] == kept
+            assert x in c.support_ids[t]
+            lse = torch.logsumexp(logq[kept], 0)
+            np.testing.assert_allclose(c.support_logprobs[t], (logq[kept] - lse).numpy(), atol=1e-5)
+            assert c.logprobs[t] == pytest.approx(float(logq[x] - lse), abs=1e-5)
+            assert np.exp(c.support_logprobs[t]).sum() == pytest.approx(1.0, abs=1e-5)
+
+
+def test_no_truncation_means_no_support(engine):
+    outs = engine.generate([[1, 2, 3]], SamplingParams(temperature=1.3, max_new_tokens=5, seed=2))
+    c = outs[0]
+    assert c.support_ids is None and c.support_logprobs is None
+    np.testing.assert_allclose(c.logprobs, c.logprobs_full, atol=0)
+    # top_k >= vocab is no truncation either
+    c = engine.generate([[1]], SamplingParams(top_k=10_000, max_new_tokens=2, seed=2))[0]
+    assert c.support_ids is None
+
+
+def test_greedy_is_a_one_token_support(engine):
+    c = engine.generate([[5, 6]], SamplingParams(temperature=0, max_new_tokens=4, seed=0))[0]
+    logits = engine.logits([[5, 6] + c.token_ids])[0][1:-1]
+    assert c.token_ids == logits.argmax(-1).tolist()
+    assert c.logprobs == [0.0] * 4
+    assert c.support_ids == [[x] for x in c.token_ids]
+
+
+def _chi_square_p(tokens: np.ndarray, probs: np.ndarray) -> float:
+    """p-value of the token counts against ``probs``, pooling cells expecting fewer than 5."""
+    n = len(tokens)
+    counts = np.bincount(tokens, minlength=len(probs))
+    assert counts[probs == 0].sum() == 0, "sampled a token of probability 0"
+    big = probs * n >= 5
+    observed = list(counts[big]) + [counts[~big].sum()]
+    expected = list(probs[big] * n) + [probs[~big].sum() * n]
+    if expected[-1] < 1e-9:
+        observed, expected = observed[:-1], expected[:-1]
+    expected = np.array(expected) * sum(observed) / sum(expected)
+    return stats.chisquare(observed, expected).pvalue
+
+
+def _support_probs(ids: list[int], logprobs: list[float], vocab: int) -> np.ndarray:
+    probs = np.zeros(vocab)
+    probs[ids] = np.exp(logprobs)
+    return probs
+
+
+@pytest.mark.parametrize("top_p,top_k", [(1.0, 0), (0.9, 0), (1.0, 7), (0.6, 20)])
+def test_sampling_frequencies_match_recorded_probabilities(top_p, top_k):
+    gen = torch.Generator().manual_seed(0)
+    vocab, n = 40, 20_000
+    row = torch.randn(1, vocab, generator=gen) * 2
+    logits = row.expand(n, vocab)
+    rec = sample_step(logits, torch.full((n,), 0.9), torch.full((n,), top_p, dtype=torch.float64),
+                      torch.full((n,), top_k), 0,
+                      torch.from_numpy(uniforms(np.arange(n), np.zeros(n))))
+    tokens, lp = rec.tokens.numpy(), rec.logprob.numpy()
+    if top_p < 1 or top_k:
+        n_keep = int(rec.support_len[0])
+        probs = _support_probs(rec.support_ids[0, :n_keep].tolist(),
+                               rec.support_logprobs[0, :n_keep].tolist(), vocab)
+        assert 0 < n_keep < vocab
+    else:
+        probs = torch.softmax(row[0] / 0.9, -1).double().numpy()
+        assert rec.support_ids.shape[1] == 0
+    # Every row has the same distribution: each token's recorded probability is its b.
+    np.testing.assert_allclose(np.exp(lp), probs[tokens], rtol=1e-5)
+    assert _chi_square_p(tokens, probs) > 1e-3
+
+
+def test_engine_frequencies_match_recorded_probabilities(hf_model_dir):
+    path, _ = hf_model_dir("dense_tied_gqa2")
+    eng = Engine(path, "bf16", compute_dtype="float32", max_batch=128)
+    outs = eng.generate([[3, 4]] * 1500, SamplingParams(temperature=1.5, top_p=0.95,
+                                                       max_new_tokens=1, seed=123))
+    tokens = np.array([c.token_ids[0] for c in outs])
+    probs = _support_probs(outs[0].support_ids[0], outs[0].support_logprobs[0],
+                           eng.config.vocab_size)
+    np.testing.assert_allclose(np.exp([c.logprobs[0] for c in outs]), probs[tokens], rtol=1e-4)
+    assert _chi_square_p(tokens, probs) > 1e-3
+
+
+def test_same_seed_same_tokens_regardless_of_batching(engine):
+    p = SamplingParams(temperature=1.0, top_p=0.9, max_new_tokens=8, seed=7)
+    a = engine.generate([[1, 2], [3, 4], [5]], p)
+    b = engine.generate([[1, 2], [3, 4], [5]], p)
+    assert [c.token_ids for c in a] == [c.token_ids for c in b]
+    assert a[0].token_ids != engine.generate([[1, 2]], SamplingParams(
+        temperature=1.0, top_p=0.9, max_new_tokens=8, seed=8))[0].token_ids
+    # Request 1 alone, with the seed it had in the batch: the same tokens.
+    alone = engine.generate([[3, 4]], [SamplingParams(temperature=1.0, top_p=0.9,
+                                                      max_new_tokens=8, seed=8)])[0]
+    assert alone.token_ids == a[1].token_ids and a[1].seed == 8
+
+
+def test_continuous_batching_refills_a_finished_slot_at_once(hf_model_dir):
+    path, _ = hf_model_dir("dense_untied_gqa4")
+    eng = Engine(path, "bf16", compute_dtype="float32", max_batch=2)
+    lengths = [2, 9, 3, 4]
+    params = [SamplingParams(max_new_tokens=n, seed=100 + i) for i, n in enumerate(lengths)]
+    prompts = [[1, 2, 3], [4, 5], [6], [7, 8, 9, 10]]
+    outs = eng.generate(prompts, params)
+    st = eng.last_stats
+    assert [len(c.token_ids) for c in outs] == lengths
+    admitted = {req: (step, slot) for step, req, slot in st.admissions}
+    retired = dict((req, step) for step, req in st.retirements)
+    # Request 0 finishes at step 1; request 2 takes its slot at step 2 while request 1 runs on.
+    assert retired[0] == 1 and admitted[2] == (2, admitted[0][1])
+    assert admitted[3][0] == retired[2] + 1 and retired[1] > admitted[3][0]
+    assert st.steps == 9 and st.decode_tokens + 4 == sum(lengths)
+    # Batching changes nothing: each request alone gives the same tokens and records.
+    for prompt, p, c in zip(prompts, params, outs, strict=True):
+        alone = eng.generate([prompt], [p])[0]
+        assert alone.token_ids == c.token_ids
+        np.testing.assert_allclose(alone.logprobs, c.logprobs, atol=1e-5)
+
+
+def test_stop_tokens_end_a_request(engine):
+    free = engine.generate([[1, 2]], SamplingParams(max_new_tokens=12, seed=5))[0]
+    stop = free.token_ids[4]
+    first = free.token_ids.index(stop)
+    c = engine.generate([[1, 2]], SamplingParams(max_new_tokens=12, seed=5,
+                                                 stop_token_ids=(stop,)))[0]
+    assert c.finish_reason == "stop" and c.token_ids == free.token_ids[: first + 1]
+    assert free.finish_reason == "length"
+
+
+def test_bad_requests_are_refused(engine):
+    with pytest.raises(ValueError, match="empty"):
+        engine.generate([[]], SamplingParams())
+    with pytest.raises(ValueError, match="outside"):
+        engine.generate([[10**6]], SamplingParams())
+    with pytest.raises(ValueError, match="top_p"):
+        SamplingParams(top_p=0)
+    with pytest.raises(ValueError, match="temperature"):
+        SamplingParams(temperature=-1)
+    with pytest.raises(ValueError, match="SamplingParams"):
+        engine.generate([[1], [2]], [SamplingParams()])
