@@ -13,12 +13,16 @@ of the vocabulary loop, which would hide the kernels' own footprint (issue 3). O
 native.
 
 Sizes: ``quick`` (default; N=2048, D=256, V=32,003, ragged) and ``large`` (N=8192, D=1024,
-V=151,936, Qwen3's vocabulary). At ``large`` the reference materialises ~5 GB of logits per copy:
-it is always compiled for its memory analysis but only run if its estimated peak fits in the
-memory available now; the Pallas interpreter (the only way to run Pallas on CPU) is far too slow to
-time there, so only its compiled memory is reported.
+V=151,936, Qwen3's vocabulary). At ``large`` memory is analysed at N=8192 for every impl (the
+reference's executable needs ~5 GB of logits: it is compiled, not run, at that N) and wall time is
+measured on the first ``--time-tokens`` (default 1024) tokens at the full D and V: one forward+
+backward at N=8192 takes several minutes per impl on 2 shared cores, and every matmul is
+N x D x V, so the time ratios carry over. Any run whose estimated peak exceeds 60 % of the memory
+available at that moment is skipped with the reason. The Pallas interpreter (the only way to run
+Pallas on CPU) is too slow to time at ``large``: only its compiled memory is reported.
 
-    .venv/bin/python benchmarks/bench_loss.py [--size quick|large|all] [--out PATH] [--repeats R]
+    .venv/bin/python benchmarks/bench_loss.py [--size quick|large|all] [--time-tokens N]
+        [--repeats R] [--compile-only] [--out benchmarks/results/bench_loss.json]
 """
 
 from __future__ import annotations
@@ -48,6 +52,8 @@ IMPLS = ("reference", "xla", "pallas")
 FIT_FRACTION = 0.6
 # Pallas runs interpreted on CPU: time it only up to this many N*D*V multiply-adds.
 PALLAS_TIME_MAX_MACS = 2 * 2048 * 256 * 32_003
+# Tokens timed at the large size (memory is always analysed at the full N).
+LARGE_TIME_TOKENS = 1024
 
 
 def mem_available() -> int:
@@ -104,12 +110,24 @@ def objective_step(impl: str):
     return jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
 
 
+def tokamax_impl() -> str:
+    """tokamax's chunked XLA implementation where this version has one, else its plain "xla"."""
+    from tokamax._src.ops.linear_softmax_cross_entropy_loss import api  # optional peer
+
+    return "chunked_xla" if "chunked_xla" in api.IMPLEMENTATIONS else "xla"
+
+
 def tokamax_step():
-    import tokamax  # noqa: PLC0415  (optional peer)
+    import tokamax  # optional peer
+    from absl import flags
+
+    # tokamax reads absl flags; this script's own argv is not theirs to parse.
+    flags.FLAGS.mark_as_parsed()
+    impl = tokamax_impl()
 
     def loss(h: jax.Array, w: jax.Array, batch: TokenBatch) -> jax.Array:
         return tokamax.linear_softmax_cross_entropy_loss(
-            h, batch.token_ids, w, reduction="mean", implementation="chunked_xla"
+            h, batch.token_ids, w, reduction="mean", implementation=impl
         )
 
     return jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
@@ -140,16 +158,32 @@ def time_compiled(compiled: Any, args: tuple, repeats: int, warmup: bool) -> lis
     return times
 
 
-def bench_size(name: str, repeats: int, run: bool = True) -> dict[str, Any]:
+def first_rows(batch: TokenBatch, n: int) -> TokenBatch:
+    return jax.tree.map(lambda x: x[:n], batch)
+
+
+def bench_size(name: str, repeats: int, run: bool = True, time_tokens: int | None = None) -> dict[str, Any]:
     dims = SIZES[name]
     h, w, batch = make_inputs(**dims)
     args = (h, w, batch)
-    macs = dims["n"] * dims["d"] * dims["v"]
     large = name == "large"
+    # Timing every token at the large size takes minutes per impl on 2 cores; all matmuls are
+    # N x D x V, so time scales linearly in N and a token slice at full D and V keeps the ratios.
+    n_time = min(dims["n"], time_tokens or (LARGE_TIME_TOKENS if large else dims["n"]))
+    t_args = args if n_time == dims["n"] else (h[:n_time], w, first_rows(batch, n_time))
+    macs = n_time * dims["d"] * dims["v"]
     steps: dict[str, Any] = {impl: (lambda impl=impl: objective_step(impl)) for impl in IMPLS}
     if importlib.util.find_spec("tokamax") is not None:
-        steps["tokamax_chunked_xla"] = tokamax_step
-    result: dict[str, Any] = {"dims": dims, "impls": {}}
+        steps[f"tokamax_{tokamax_impl()}"] = tokamax_step
+    result: dict[str, Any] = {
+        "dims": dims,
+        "memory_tokens": dims["n"],
+        "time_tokens": n_time,
+        "timing": "median of R runs after a warm-up"
+        if not large
+        else "one run, no warm-up (compile excluded)",
+        "impls": {},
+    }
     for impl, make in steps.items():
         entry: dict[str, Any] = {}
         t0 = time.perf_counter()
@@ -173,10 +207,14 @@ def bench_size(name: str, repeats: int, run: bool = True) -> dict[str, Any]:
                 f"estimated peak {need / 2**30:.1f} GiB > {FIT_FRACTION} x available {avail / 2**30:.1f} GiB"
             )
         else:
+            if t_args is not args:
+                del compiled
+                compiled = make().lower(*t_args).compile()
             # Large: one run, no warm-up (each is ~a minute on 2 cores); quick: median of R.
-            times = time_compiled(compiled, args, 1 if large else repeats, warmup=not large)
+            times = time_compiled(compiled, t_args, 1 if large else repeats, warmup=not large)
             entry["times_s"] = [round(t, 4) for t in times]
             entry["time_s"] = round(statistics.median(times), 4)
+            entry["tokens_per_s"] = round(n_time / entry["time_s"], 1)
         del compiled
         result["impls"][impl] = entry
         print(f"[{name}] {impl}: {json.dumps(entry)}", flush=True)
@@ -199,6 +237,12 @@ def main() -> None:
     ap.add_argument("--size", choices=[*SIZES, "all"], default="quick")
     ap.add_argument("--quick", action="store_true", help="same as --size quick")
     ap.add_argument("--repeats", type=int, default=3, help="timed runs at the quick size")
+    ap.add_argument(
+        "--time-tokens",
+        type=int,
+        default=None,
+        help=f"tokens to time (default: all at quick, {LARGE_TIME_TOKENS} at large)",
+    )
     ap.add_argument("--compile-only", action="store_true", help="memory analysis, no timing")
     ap.add_argument("--out", default="benchmarks/results/bench_loss.json")
     a = ap.parse_args()
@@ -218,7 +262,7 @@ def main() -> None:
         "sizes": {},
     }
     for s in sizes:
-        report["sizes"][s] = bench_size(s, a.repeats, run=not a.compile_only)
+        report["sizes"][s] = bench_size(s, a.repeats, run=not a.compile_only, time_tokens=a.time_tokens)
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
