@@ -1,24 +1,129 @@
-"""`mixrl-sample`: run a sampler that joins a trainer over gRPC."""
+"""`mixrl-sample`: run a sampler that joins a trainer over gRPC.
+
+    MIXRL_TOKEN=... mixrl-sample --trainer HOST:PORT --group NAME --recipe fp8 --model-dir DIR
+
+Leases tasks, generates with the engine in the given precision recipe, submits trajectories and
+reloads weights in flight as the trainer publishes them (verified against the sha256 manifest).
+Exits 0 on SIGTERM/SIGINT (or after ``--max-samples``), 2 on bad arguments, 3 when the trainer
+refuses the token.
+"""
 
 from __future__ import annotations
 
 import argparse
+import logging
+import os
+import signal
+import socket
 import sys
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="mixrl-sample",
         description="Join a mixrl trainer as a sampler: lease tasks, generate with a precision recipe, "
                     "submit trajectories, reload weights in flight.")
     p.add_argument("--trainer", required=True, help="trainer address HOST:PORT")
     p.add_argument("--group", required=True, help="sampler group name")
-    p.add_argument("--recipe", default="bf16", help="precision recipe name")
-    p.add_argument("--model-dir", required=True, help="initial weights (HF directory)")
-    p.parse_args(sys.argv[1:] if argv is None else argv)
-    print("mixrl-sample: not implemented yet (the gRPC wire issue brings the sampler loop)",
-          file=sys.stderr)
-    return 2
+    p.add_argument("--recipe", default="bf16", help="precision recipe name (sampler_torch.recipes)")
+    p.add_argument("--recipe-override", action="append", default=[], metavar="FIELD=VALUE",
+                   help="override a recipe field, e.g. kv_cache_dtype=fp8_e4m3 (repeatable)")
+    p.add_argument("--model-dir", required=True, help="initial weights (export in the recipe's format)")
+    p.add_argument("--token-file", help="file holding the bearer token (default: $MIXRL_TOKEN)")
+    p.add_argument("--capacity", type=int, default=8, help="samples leased and generated per round")
+    p.add_argument("--max-batch", type=int, default=32, help="engine batch slots")
+    p.add_argument("--accelerator", default=None, help="label reported to the trainer (default: cpu/cuda)")
+    p.add_argument("--name", default=None, help="sampler name (default host:pid)")
+    p.add_argument("--weights-cache", default="~/.cache/mixrl/weights", help="where fetched weights go")
+    p.add_argument("--weights-transfer", choices=("auto", "shared", "fetch"), default="auto",
+                   help="use the trainer's path (shared filesystem), fetch over gRPC, or auto")
+    p.add_argument("--tls-ca", help="CA certificate (PEM) that signed the trainer's certificate")
+    p.add_argument("--tls-cert", help="client certificate (PEM) for mutual TLS")
+    p.add_argument("--tls-key", help="client private key (PEM) for mutual TLS")
+    p.add_argument("--tls-server-name", help="expected name in the trainer's certificate")
+    p.add_argument("--episode-tokens", type=int, default=None,
+                   help="token budget of a multi-turn episode (default: one turn of max_new_tokens)")
+    p.add_argument("--max-samples", type=int, default=None, help="exit after submitting this many")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--log-level", default="INFO")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    log = logging.getLogger("mixrl.sampler")
+
+    from sampler_torch.client import RolloutClient, RolloutError, TLSOptions
+
+    try:
+        if args.token_file:
+            with open(args.token_file) as f:
+                token = f.read().strip()
+        else:
+            token = os.environ.get("MIXRL_TOKEN", "").strip()
+    except OSError as e:
+        print(f"mixrl-sample: token file {args.token_file}: {e.strerror}", file=sys.stderr)
+        return 2
+    if not token:
+        print("mixrl-sample: no bearer token: set MIXRL_TOKEN or pass --token-file", file=sys.stderr)
+        return 2
+    overrides = {}
+    for item in args.recipe_override:
+        key, sep, value = item.partition("=")
+        if not sep:
+            print(f"mixrl-sample: --recipe-override {item!r} is not FIELD=VALUE", file=sys.stderr)
+            return 2
+        overrides[key] = value
+
+    import torch
+
+    from sampler_torch.engine import Engine
+    from sampler_torch.loop import LoopConfig, SamplerLoop
+    from sampler_torch.recipes import RecipeError, get_recipe
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        recipe = get_recipe(args.recipe, **overrides)
+    except RecipeError as e:
+        print(f"mixrl-sample: {e}", file=sys.stderr)
+        return 2
+    engine = Engine(args.model_dir, recipe, max_batch=args.max_batch)
+    tls = None
+    if args.tls_ca or args.tls_cert:
+        tls = TLSOptions(ca_file=args.tls_ca, cert_file=args.tls_cert, key_file=args.tls_key,
+                         server_name=args.tls_server_name)
+    accelerator = args.accelerator or (torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu")
+    client = RolloutClient(
+        args.trainer, token, group=args.group, accelerator=accelerator, capacity=args.capacity,
+        weight_formats=(recipe.weight_format,), name=args.name or f"{socket.gethostname()}:{os.getpid()}",
+        recipe=dict(name=recipe.name, weight_format=recipe.weight_format,
+                    activation_format=recipe.activations, kv_dtype=recipe.describe()["kv_cache_dtype"],
+                    backend="mixrl-engine"),
+        tls=tls)
+    loop = SamplerLoop(client, engine, LoopConfig(
+        capacity=args.capacity, weights_cache=args.weights_cache, transfer=args.weights_transfer,
+        episode_tokens=args.episode_tokens, max_samples=args.max_samples))
+
+    def on_signal(signum, frame):
+        log.info("signal %d: stopping", signum)
+        loop.stop()
+        client.close()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        stats = loop.run()
+    except RolloutError as e:
+        log.error("trainer refused us: %s", e)
+        return 3 if e.code.name in ("UNAUTHENTICATED", "PERMISSION_DENIED") else 1
+    finally:
+        client.close()
+    log.info("done: %d rounds, %d accepted, %d duplicates, refused %s, weights %s, %d weight failures",
+             stats.rounds, stats.accepted, stats.duplicates, dict(stats.refused), stats.weight_versions,
+             stats.weight_failures)
+    return 0
 
 
 if __name__ == "__main__":

@@ -291,7 +291,8 @@ class Scheduler:
             lease = self._check_lease(s, msg)
             spec = self.tasks[lease.task_id].spec
             ctx = ValidationContext(
-                vocab_size=self.vocab_size, head_k=spec.sampling.head_k, truncation=spec.sampling.truncation,
+                vocab_size=self.vocab_size, head_k=spec.sampling.head_k,
+                truncation=spec.sampling.truncates(self.vocab_size),
                 max_tokens=self.cfg.limits.max_trajectory_tokens, max_policy_tokens=spec.max_policy_tokens,
                 current_version=self.current_version)
             return s, spec, ctx

@@ -34,10 +34,12 @@ class SamplingSpec:
     stop_token_ids: tuple[int, ...] = ()
     seed: int = 0
 
-    @property
-    def truncation(self) -> bool:
-        """Whether samples carry support sets (nucleus or top-k truncation active)."""
-        return self.top_p < 1.0 or self.top_k > 0
+    def truncates(self, vocab_size: int) -> bool:
+        """Whether samples carry support sets: greedy, nucleus or top-k truncation active.
+
+        The same rule as the sampler engine's ``SamplingParams.truncates``.
+        """
+        return self.temperature == 0 or self.top_p < 1.0 or 0 < self.top_k < vocab_size
 
     def to_pb(self) -> pb.SamplingParams:
         return pb.SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
@@ -139,15 +141,18 @@ class ArithmeticTasks:
         question = f"{a}{op}{b}="
         prompt = (self.bos, *self.tokenizer.encode(question).ids)
         sampling = dataclasses.replace(self.sampling, seed=int(rng.integers(2**31)))
-        payload = json.dumps({"question": question}).encode()
+        # The payload of sampler_torch.envs' "arithmetic" environment, so samplers can run it.
+        payload = json.dumps({"a": a, "b": b, "op": op}).encode()
         return TaskSpec(prompt_ids=prompt, env="arithmetic", sampling=sampling,
                         group_size=self.group_size, payload=payload,
                         max_policy_tokens=sampling.max_new_tokens, private=str(answer))
 
     def score(self, task: TaskSpec, record: TrajectoryRecord) -> float:
-        tokens = [int(t) for t in record.policy_token_ids() if t != self.eos]
-        text = self.tokenizer.decode(tokens).strip()
-        return 1.0 if text == task.private else 0.0
+        """1 when the reply is exactly the answer followed by ``<eos>`` (the environment's rule)."""
+        tokens = [int(t) for t in record.policy_token_ids()]
+        if not tokens or tokens[-1] != self.eos:
+            return 0.0
+        return 1.0 if self.tokenizer.decode(tokens[:-1]) == task.private else 0.0
 
 
 @register_task_source("arithmetic")

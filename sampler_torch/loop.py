@@ -1,0 +1,290 @@
+"""The sampler loop: lease tasks, generate with the engine, submit trajectories, follow weights.
+
+Three threads share one ``RolloutClient``:
+
+- the main loop leases up to ``capacity`` samples, runs them as one batch through the engine
+  (environments registered in ``sampler_torch.envs`` run their episodes, turn by turn; other
+  tasks are a single generation from the prompt), and submits the trajectories on one stream;
+- a heartbeat keeps the session alive and reports the weights version in use;
+- a watcher follows the trainer's published versions, obtains each in this sampler's weight
+  format (shared path or chunked download), verifies every file against the sha256 manifest and
+  only then hands it to ``engine.load_weights``, which swaps between decode steps. Any failure
+  keeps the current weights and is counted (``weight_failures``, reported in heartbeats).
+
+The engine is duck-typed (``generate(prompts, params_list)``, ``load_weights(dir, version)``,
+``version``), so another backend with the same surface drops in.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from mixrl_wire import pb
+from sampler_torch.client import RolloutClient, RolloutError, build_trajectory
+
+log = logging.getLogger("mixrl.sampler")
+
+
+@dataclasses.dataclass
+class LoopConfig:
+    capacity: int = 8                  # samples leased and generated per round
+    weights_cache: str = "~/.cache/mixrl/weights"
+    transfer: str = "auto"             # "auto" | "shared" | "fetch" (see RolloutClient.materialize_weights)
+    use_envs: bool = True              # run sampler-side environments when the task names one
+    episode_tokens: int | None = None  # total token budget of a multi-turn episode (None: single turn)
+    max_samples: int | None = None     # stop after submitting this many (tests, benchmarks)
+
+
+@dataclasses.dataclass
+class LoopStats:
+    rounds: int = 0
+    generated: int = 0
+    accepted: int = 0
+    duplicates: int = 0
+    refused: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    weight_versions: list[int] = dataclasses.field(default_factory=list)
+    weight_failures: int = 0
+    last_weight_error: str = ""
+
+
+class SamplerLoop:
+    def __init__(self, client: RolloutClient, engine: Any, cfg: LoopConfig | None = None,
+                 make_params: Callable[..., Any] | None = None, tokenizer: Any = None):
+        self.client = client
+        self.engine = engine
+        self.cfg = cfg or LoopConfig()
+        self.stats = LoopStats()
+        self.stop_event = threading.Event()
+        self.active_samples = 0
+        self._make_params = make_params or _engine_params
+        self._tokenizer = tokenizer
+        self._envs: dict[str, Any] = {}
+        self._expired: set[str] = set()
+        self._threads: list[threading.Thread] = []
+
+    # ---------------------------------------------------------------- threads
+
+    def _heartbeat(self) -> None:
+        while not self.stop_event.is_set():
+            interval = (self.client.info.heartbeat_interval_ms / 1000) if self.client.info else 1.0
+            try:
+                resp = self.client.heartbeat(self.engine.version, self.stats.weight_failures,
+                                             self.active_samples)
+                self._expired.update(resp.expired_lease_ids)
+            except RolloutError as e:
+                if e.code == grpc.StatusCode.CANCELLED:
+                    return
+                log.warning("heartbeat: %s", e)
+            self.stop_event.wait(interval)
+
+    def _watch_weights(self) -> None:
+        cache = Path(self.cfg.weights_cache).expanduser()
+        try:
+            for wv in self.client.watch_weights(after_version=-1):
+                if self.stop_event.is_set():
+                    return
+                if wv.version <= self.engine.version:
+                    continue
+                self._load(wv, cache)
+        except RolloutError as e:
+            if not self.stop_event.is_set():
+                log.error("weights watch stopped: %s", e)
+
+    def _load(self, wv: pb.WeightVersion, cache: Path) -> None:
+        t0 = time.perf_counter()
+        try:
+            fmt, path = self.client.materialize_weights(wv, cache, self.cfg.transfer)
+            self.engine.load_weights(path, wv.version)
+        except Exception as e:  # noqa: BLE001 - any failure keeps the old weights serving
+            self.stats.weight_failures += 1
+            self.stats.last_weight_error = str(e)
+            log.error("weights version %d refused, keeping version %d: %s", wv.version,
+                      self.engine.version, e)
+            return
+        self.stats.weight_versions.append(wv.version)
+        log.info("weights version %d (%s) verified and loaded in %.2f s", wv.version, fmt,
+                 time.perf_counter() - t0)
+
+    def start_background(self) -> None:
+        for target, name in ((self._heartbeat, "mixrl-heartbeat"), (self._watch_weights, "mixrl-weights")):
+            t = threading.Thread(target=target, name=name, daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def stop(self) -> None:
+        self.stop_event.set()
+
+    # ---------------------------------------------------------------- main loop
+
+    def run(self) -> LoopStats:
+        """Lease, generate, submit until ``stop()`` (or ``max_samples`` submitted)."""
+        self.client.register()
+        self.start_background()
+        try:
+            while not self.stop_event.is_set():
+                if self.cfg.max_samples is not None and self.stats.accepted >= self.cfg.max_samples:
+                    break
+                try:
+                    resp = self.client.lease(self.cfg.capacity)
+                except RolloutError as e:
+                    if e.code == grpc.StatusCode.CANCELLED:
+                        break
+                    raise
+                if not resp.tasks:
+                    self.stop_event.wait(max(resp.retry_after_ms, 50) / 1000)
+                    continue
+                self.run_round(list(resp.tasks))
+        finally:
+            self.stop_event.set()
+        return self.stats
+
+    def run_round(self, tasks: list[pb.Task]) -> None:
+        leased_at = time.perf_counter()
+        items = [(t, i) for t in tasks for i in t.sample_indices]
+        self.active_samples = len(items)
+        t0 = time.perf_counter()
+        records = self._generate(items)
+        gen_ms = (time.perf_counter() - t0) * 1000
+        self.active_samples = 0
+        self.stats.rounds += 1
+        self.stats.generated += len(items)
+        trajs = []
+        for (task, idx), rec in zip(items, records, strict=True):
+            if task.lease_id in self._expired:
+                continue  # the trainer already re-queued it; submitting would only be refused
+            trajs.append(build_trajectory(task, idx, queue_ms=(t0 - leased_at) * 1000,
+                                          generate_ms=gen_ms, **rec))
+        for r in self.client.submit_many(trajs):
+            if r.accepted:
+                self.stats.accepted += not r.duplicate
+                self.stats.duplicates += r.duplicate
+            else:
+                self.stats.refused[r.code.name] += 1
+                log.warning("sample %d/%d refused: %s %s", r.task_id, r.sample_index, r.code.name, r.reason)
+
+    # ---------------------------------------------------------------- generation
+
+    def _env(self, name: str):
+        if name not in self._envs:
+            env = None
+            if self.cfg.use_envs:
+                try:
+                    from sampler_torch.envs import ENVIRONMENTS, make_env
+                    if name in ENVIRONMENTS:
+                        env = make_env(name, self._get_tokenizer())
+                except Exception as e:  # noqa: BLE001 - no environment: plain generation
+                    log.warning("environment %r unavailable (%s); generating from the prompt", name, e)
+            self._envs[name] = env
+        return self._envs[name]
+
+    def _get_tokenizer(self):
+        if self._tokenizer is None:
+            from convert.tokenizer import load_tokenizer
+            self._tokenizer = load_tokenizer(self.engine.model_dir)
+        return self._tokenizer
+
+    def _generate(self, items: list[tuple[pb.Task, int]]) -> list[dict]:
+        """Per item, the keyword arguments of ``build_trajectory`` (tokens after the prompt)."""
+        out: list[dict | None] = [None] * len(items)
+        plain, episodic = [], collections.defaultdict(list)
+        for k, (task, _) in enumerate(items):
+            env = self._env(task.env) if task.env else None
+            episode = self._episode(env, task) if env is not None else None
+            if episode is None:
+                plain.append(k)
+            else:
+                episodic[_params_key(task.sampling)].append((k, episode))
+        if plain:
+            prompts = [list(items[k][0].prompt_ids) for k in plain]
+            params = [self._make_params(items[k][0].sampling, items[k][0].sampling.seed + items[k][1])
+                      for k in plain]
+            for k, c in zip(plain, self.engine.generate(prompts, params), strict=True):
+                out[k] = _from_completion(c, items[k][0].sampling)
+        for group in episodic.values():
+            from sampler_torch.rollout import run_episodes
+
+            task0 = items[group[0][0]][0]
+            budget = len(task0.prompt_ids) + (self.cfg.episode_tokens or task0.sampling.max_new_tokens)
+            seeds = [items[k][0].sampling.seed + items[k][1] for k, _ in group]
+            try:
+                recs = run_episodes(self.engine.generate, [ep for _, ep in group],
+                                    self._make_params(task0.sampling, 0), max_total_tokens=budget,
+                                    seeds=seeds)
+            finally:
+                for _, ep in group:
+                    ep.close()
+            for (k, _), rec in zip(group, recs, strict=True):
+                out[k] = _from_episode(rec, len(items[k][0].prompt_ids), items[k][0].sampling)
+        return out  # type: ignore[return-value]
+
+    def _episode(self, env, task: pb.Task):
+        from sampler_torch.envs import Task as EnvTask
+
+        try:
+            payload = json.loads(task.payload or b"{}")
+            episode = env.start(EnvTask(str(task.task_id), task.env, payload))
+        except Exception as e:  # noqa: BLE001 - a payload this env cannot read: plain generation
+            log.warning("task %d: environment %r cannot start it (%s); generating from the prompt",
+                        task.task_id, task.env, e)
+            return None
+        if list(episode.prompt) != list(task.prompt_ids):
+            # The trainer scores against its own prompt; an episode on another one would be wrong.
+            log.warning("task %d: environment prompt differs from the task's; generating from the prompt",
+                        task.task_id)
+            episode.close()
+            return None
+        return episode
+
+
+def _params_key(s: pb.SamplingParams) -> tuple:
+    return (s.temperature, s.top_p, s.top_k, s.head_k, s.max_new_tokens, tuple(s.stop_token_ids))
+
+
+def _engine_params(s: pb.SamplingParams, seed: int):
+    from sampler_torch.engine import SamplingParams
+
+    return SamplingParams(temperature=s.temperature, top_p=s.top_p or 1.0, top_k=s.top_k, head_k=s.head_k,
+                          max_new_tokens=s.max_new_tokens, stop_token_ids=tuple(s.stop_token_ids),
+                          seed=seed % 2**63)
+
+
+def _from_completion(c, sampling: pb.SamplingParams) -> dict:
+    rec = dict(token_ids=c.token_ids, logprobs=c.logprobs, logprobs_full=c.logprobs_full, versions=c.versions,
+               head_ids=_rect(c.head_ids, len(c.token_ids), sampling.head_k, -1),
+               head_logprobs=_rect(c.head_logprobs, len(c.token_ids), sampling.head_k, float("-inf")),
+               finish_reason=c.finish_reason)
+    if c.support_ids is not None:
+        rec["support_ids"], rec["support_logprobs"] = c.support_ids, c.support_logprobs
+    return rec
+
+
+def _rect(rows, n: int, k: int, fill):
+    import numpy as np
+
+    if n == 0 or k == 0:
+        return np.zeros((n, k), np.float32 if isinstance(fill, float) else np.int32)
+    return np.asarray(rows).reshape(n, k)
+
+
+def _from_episode(rec, prompt_len: int, sampling: pb.SamplingParams) -> dict:
+    p = len(rec.logprobs)
+    out = dict(token_ids=rec.token_ids[prompt_len:], loss_mask=rec.loss_mask[prompt_len:],
+               logprobs=rec.logprobs, logprobs_full=rec.logprobs_full, versions=rec.versions,
+               head_ids=rec.head_ids.reshape(p, sampling.head_k),
+               head_logprobs=rec.head_logprobs.reshape(p, sampling.head_k),
+               reward=rec.reward, finish_reason=rec.termination)
+    if len(rec.support_ids):
+        rows = [rec.support_ids[rec.support_indptr[t]:rec.support_indptr[t + 1]] for t in range(p)]
+        lps = [rec.support_logprobs[rec.support_indptr[t]:rec.support_indptr[t + 1]] for t in range(p)]
+        out["support_ids"], out["support_logprobs"] = rows, lps
+    return out
