@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -125,12 +125,16 @@ def write_hf_checkpoint(
     copy_files_from: str | os.PathLike | None = None,
     extra_json: Mapping[str, Mapping] | None = None,
     overwrite: bool = False,
+    on_shard: Callable[[Path], object] | None = None,
 ) -> Path:
     """Write an HF checkpoint directory atomically; return its path.
 
     ``tensors`` is consumed lazily; at most one shard's worth of arrays is held at a time.
     ``copy_files_from`` copies tokenizer and generation files through (``PASSTHROUGH_FILES``);
     ``extra_json`` writes further JSON files (e.g. ``hf_quant_config.json``).
+    ``on_shard(path)`` is called as soon as each shard file is complete, in order, with its
+    temporary name (shard ``i`` is renamed ``model-{i+1:05d}-of-{n:05d}.safetensors`` at the end),
+    e.g. to hash it while the next shard is produced.
     """
     path = Path(path)
     with atomic_directory(path, overwrite=overwrite) as tmp:
@@ -143,8 +147,11 @@ def write_hf_checkpoint(
         def flush() -> None:
             nonlocal pending, pending_bytes
             if pending:
-                write_file(tmp / f"shard-{len(shards):05d}.part", pending, {"format": "pt"})
+                part = tmp / f"shard-{len(shards):05d}.part"
+                write_file(part, pending, {"format": "pt"})
                 shards.append(list(pending))
+                if on_shard is not None:
+                    on_shard(part)
                 pending, pending_bytes = {}, 0
 
         for name, arr in tensors:

@@ -30,7 +30,8 @@ class ManifestError(ValueError):
     """A manifest is missing or malformed, or the files disagree with it."""
 
 
-def sha256_file(path: str | os.PathLike) -> str:
+def sha256_file(path: str | os.PathLike | int) -> str:
+    """sha256 of a file, by path or by an open file descriptor (which it closes)."""
     h = hashlib.sha256()
     with open(path, "rb", buffering=0) as f:
         buf = bytearray(_CHUNK)
@@ -48,20 +49,31 @@ def _listed_files(root: Path) -> list[str]:
     return files
 
 
-def build_manifest(root: str | os.PathLike, **metadata) -> dict:
-    """Hash every file under ``root`` (in parallel) and return the manifest dict."""
+def build_manifest(root: str | os.PathLike, *, known: Mapping[str, str] | None = None,
+                   **metadata) -> dict:
+    """Hash every file under ``root`` (in parallel) and return the manifest dict.
+
+    ``known`` maps relative paths to sha256 digests already computed (e.g. while the files
+    were written); those files are not read again.
+    """
     root = Path(root)
     files = _listed_files(root)
-    digests = parallel_map(lambda rel: sha256_file(root / rel), files)
+    known = dict(known or {})
+    missing = sorted(set(known) - set(files))
+    if missing:
+        raise ManifestError(f"{root}: precomputed digests for files that do not exist: {missing}")
+    todo = [rel for rel in files if rel not in known]
+    known.update(zip(todo, parallel_map(lambda rel: sha256_file(root / rel), todo), strict=True))
     manifest: dict = {"manifest_version": MANIFEST_VERSION, **metadata}
-    manifest["files"] = {rel: {"sha256": d, "size": (root / rel).stat().st_size}
-                         for rel, d in zip(files, digests, strict=True)}
+    manifest["files"] = {rel: {"sha256": known[rel], "size": (root / rel).stat().st_size}
+                         for rel in files}
     return manifest
 
 
-def write_manifest(root: str | os.PathLike, **metadata) -> dict:
+def write_manifest(root: str | os.PathLike, *, known: Mapping[str, str] | None = None,
+                   **metadata) -> dict:
     """Write ``root/manifest.json`` describing every other file under ``root``."""
-    manifest = build_manifest(root, **metadata)
+    manifest = build_manifest(root, known=known, **metadata)
     (Path(root) / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     return manifest
 

@@ -157,8 +157,11 @@ def write_file(path: str | os.PathLike, tensors: Mapping[str, np.ndarray],
         f.write(struct.pack("<Q", len(blob)))
         f.write(blob)
         for arr in arrays:
-            f.write(np.ascontiguousarray(arr).astype(arr.dtype.newbyteorder("<"), copy=False)
-                    .tobytes())
+            arr = np.ascontiguousarray(arr)
+            if arr.dtype.byteorder == ">":
+                arr = arr.astype(arr.dtype.newbyteorder("<"))
+            # Write the array's own buffer: .tobytes() would copy every tensor once more.
+            f.write(memoryview(arr.reshape(-1).view(np.uint8)))
     os.replace(tmp, path)
     return 8 + len(blob) + offset
 
