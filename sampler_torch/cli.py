@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     def on_signal(signum, frame):
         log.info("signal %d: stopping", signum)
         loop.stop()
-        client.close()
+        client.request_stop()
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)

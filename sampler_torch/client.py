@@ -164,6 +164,11 @@ class RolloutClient:
         self._closed.set()
         self._channel.close()
 
+    def request_stop(self) -> None:
+        """Make retries and new calls give up (CANCELLED) without closing the channel under a
+        call in flight: safe from a signal handler. ``close()`` afterwards."""
+        self._closed.set()
+
     def __enter__(self) -> RolloutClient:
         return self
 
