@@ -14,6 +14,8 @@ import pytest
 from tiny import tiny_char_model
 
 from sampler_torch.client import Backoff, RolloutClient
+
+pytest.importorskip("sampler_torch.engine", reason="the sampler engine is needed for real sampler processes")
 from trainer_jax.config import load_config
 from trainer_jax.service import RolloutService
 

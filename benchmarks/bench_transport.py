@@ -1,0 +1,264 @@
+"""Trajectory transport: the rollout service vs the same bytes over a raw loopback socket, same run.
+
+8 client processes submit trajectories of 4,096 policy tokens with a K=20 head (the DESIGN.md
+section 3 record: token ids, loss mask, logprob, logprob_full, version, head ids + logprobs) to a
+real ``mixrl-train serve`` process over gRPC on 127.0.0.1, which validates every one, groups and
+drops them. Each client leases its tasks, builds each message from numpy arrays (as a sampler
+would) and submits it, one unary call at a time; a second gRPC pass uses one ``SubmitStream`` per
+leased batch. The baseline sends the identical serialized bytes, length-prefixed, from 8 processes
+to one receiving process over plain TCP sockets and waits for a 1-byte ack per message.
+
+    .venv/bin/python benchmarks/bench_transport.py [--clients 8] [--per-client 24] [--quick]
+        [--out benchmarks/results/bench_transport.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import platform
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+TOKEN = "bench-token"
+VOCAB = 151_936  # Qwen3's vocabulary: ids are realistic, and validation checks their range
+
+
+def behaviour_arrays(n: int, k: int, seed: int) -> dict:
+    """A valid per-token record for ``n`` policy tokens (random values, the right invariants)."""
+    rng = np.random.default_rng(seed)
+    head_lp = -np.sort(rng.exponential(2.0, size=(n, k)).astype(np.float32), axis=1)
+    head_ids = ((rng.integers(0, VOCAB, size=(n, 1)) + np.arange(k)) % VOCAB).astype(np.int32)
+    return dict(token_ids=head_ids[:, 0].copy(), logprobs=head_lp[:, 0].copy(),
+                logprobs_full=head_lp[:, 0].copy(), versions=np.zeros(n, np.int32),
+                head_ids=head_ids, head_logprobs=head_lp)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ------------------------------------------------------------------------------------------------
+# gRPC clients
+
+
+def grpc_client(address: str, n: int, tokens: int, k: int, mode: str, seed: int, barrier, out) -> None:
+    from sampler_torch.client import RolloutClient, build_trajectory
+
+    arrays = behaviour_arrays(tokens, k, seed)
+    client = RolloutClient(address, TOKEN, group=f"bench-{seed % 2}", capacity=8, name=f"bench-{seed}",
+                           max_message_bytes=64 * 1024**2)
+    client.register()
+
+    def run(count: int) -> int:
+        sent = 0
+        while sent < count:
+            tasks = client.lease(min(8, count - sent)).tasks
+            if not tasks:
+                time.sleep(0.01)
+                continue
+            trajs = [build_trajectory(t, i, finish_reason="length", **arrays)
+                     for t in tasks for i in t.sample_indices]
+            results = client.submit_many(trajs) if mode == "stream" else [client.submit(t) for t in trajs]
+            bad = [r for r in results if not r.accepted]
+            if bad:
+                raise RuntimeError(f"refused: {bad[0]}")
+            sent += len(trajs)
+        return sent
+
+    run(2)  # warm-up: connection, first leases
+    barrier.wait()
+    t0 = time.perf_counter()
+    out.put((run(n), time.perf_counter() - t0))
+    client.close()
+
+
+def run_grpc(args, mode: str, payload_bytes: int) -> dict:
+    port = _free_port()
+    env = {**os.environ, "MIXRL_TOKEN": TOKEN}
+    with tempfile.TemporaryDirectory() as tmp:
+        summary = Path(tmp) / "summary.json"
+        server = subprocess.Popen(
+            [sys.executable, "-m", "trainer_jax.cli", "serve", "--listen", f"127.0.0.1:{port}",
+             "--status-every", "0", "--summary-json", str(summary), "--log-level", "WARNING",
+             "tasks.group_size=1", f"tasks.sampling.max_new_tokens={args.tokens}",
+             f"tasks.sampling.head_k={args.k}", f"service.vocab_size={VOCAB}",
+             "service.limits.max_message_bytes=67108864", "service.buffer.max_trajectories=100000",
+             "service.buffer.max_bytes=8589934592", f"service.max_workers={4 * args.clients + 8}"],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
+        line = server.stdout.readline()
+        if "listening on" not in line:
+            server.kill()
+            raise RuntimeError(f"serve did not start: {line}{server.stdout.read()}")
+        threading.Thread(target=server.stdout.read, daemon=True).start()
+        try:
+            result = _drive(grpc_client, (f"127.0.0.1:{port}", args.per_client, args.tokens, args.k, mode),
+                            args.clients, payload_bytes)
+        finally:
+            server.terminate()
+            server.wait(timeout=60)
+        st = json.loads(summary.read_text())
+        result["server_accepted"] = st["totals"].get("accepted", 0)
+        result["server_rejected"] = st["totals"].get("rejected", 0)
+    return result
+
+
+# ------------------------------------------------------------------------------------------------
+# Raw socket baseline
+
+
+def raw_receiver(port_q, stop) -> None:
+    srv = socket.socket()
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(64)
+    port_q.put(srv.getsockname()[1])
+
+    def serve(conn: socket.socket) -> None:
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        buf = bytearray(64 * 1024**2)
+        view = memoryview(buf)
+        head = bytearray(8)
+        while True:
+            if conn.recv_into(head, 8, socket.MSG_WAITALL) < 8:
+                return
+            (n,) = struct.unpack("<Q", head)
+            got = 0
+            while got < n:
+                r = conn.recv_into(view[got:n], n - got)
+                if not r:
+                    return
+                got += r
+            conn.sendall(b"\x01")
+
+    srv.settimeout(0.2)
+    while not stop.is_set():
+        try:
+            conn, _ = srv.accept()
+        except TimeoutError:
+            continue
+        threading.Thread(target=serve, args=(conn,), daemon=True).start()
+
+
+def raw_client(port: int, n: int, payload: bytes, seed: int, barrier, out) -> None:
+    s = socket.create_connection(("127.0.0.1", port))
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    head = struct.pack("<Q", len(payload))
+    ack = bytearray(1)
+
+    def send(count: int) -> int:
+        for _ in range(count):
+            s.sendall(head)
+            s.sendall(payload)
+            s.recv_into(ack, 1)
+        return count
+
+    send(2)
+    barrier.wait()
+    t0 = time.perf_counter()
+    out.put((send(n), time.perf_counter() - t0))
+    s.close()
+
+
+def run_raw(args, payload: bytes) -> dict:
+    ctx = mp.get_context("spawn")
+    port_q, stop = ctx.Queue(), ctx.Event()
+    recv = ctx.Process(target=raw_receiver, args=(port_q, stop), daemon=True)
+    recv.start()
+    port = port_q.get(timeout=60)
+    try:
+        return _drive(raw_client, (port, args.per_client, payload), args.clients, len(payload))
+    finally:
+        stop.set()
+        recv.join(timeout=5)
+
+
+# ------------------------------------------------------------------------------------------------
+
+
+def _drive(target, fixed: tuple, clients: int, payload_bytes: int) -> dict:
+    """Start ``clients`` processes, release them together, time until the last one is done."""
+    ctx = mp.get_context("spawn")
+    barrier, out = ctx.Barrier(clients + 1), ctx.Queue()
+    procs = [ctx.Process(target=target, args=(*fixed, seed, barrier, out)) for seed in range(clients)]
+    for p in procs:
+        p.start()
+    barrier.wait(timeout=300)
+    t0 = time.perf_counter()
+    done = [out.get(timeout=600) for _ in procs]
+    wall = time.perf_counter() - t0
+    for p in procs:
+        p.join(timeout=60)
+        if p.exitcode != 0:
+            raise RuntimeError(f"a client failed (exit {p.exitcode})")
+    n = sum(d[0] for d in done)
+    return {"trajectories": n, "seconds": wall, "trajectories_per_s": n / wall,
+            "MB_per_s": n * payload_bytes / wall / 1e6}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--clients", type=int, default=8)
+    p.add_argument("--per-client", type=int, default=24, help="timed trajectories per client")
+    p.add_argument("--tokens", type=int, default=4096)
+    p.add_argument("--k", type=int, default=20)
+    p.add_argument("--quick", action="store_true", help="a smoke run: 2 clients, 4 trajectories each")
+    p.add_argument("--out", default=str(REPO / "benchmarks/results/bench_transport.json"))
+    args = p.parse_args(argv)
+    if args.quick:
+        args.clients, args.per_client = 2, 4
+
+    from mixrl_wire import pb
+    from sampler_torch.client import build_trajectory
+
+    task = pb.Task(lease_id="0" * 24, task_id=1, sample_indices=[0])
+    msg = build_trajectory(task, 0, finish_reason="length", **behaviour_arrays(args.tokens, args.k, 0))
+    msg.session_id = "0" * 32
+    payload = msg.SerializeToString()
+    print(f"trajectory: {args.tokens} tokens, head K={args.k}, {len(payload) / 1e6:.3f} MB on the wire; "
+          f"{args.clients} clients x {args.per_client}", flush=True)
+
+    raw = run_raw(args, payload)
+    print(f"raw socket:        {raw['trajectories_per_s']:8.1f} traj/s {raw['MB_per_s']:8.1f} MB/s",
+          flush=True)
+    unary = run_grpc(args, "unary", len(payload))
+    print(f"gRPC Submit:       {unary['trajectories_per_s']:8.1f} traj/s {unary['MB_per_s']:8.1f} MB/s "
+          f"ratio {unary['MB_per_s'] / raw['MB_per_s']:.3f}", flush=True)
+    stream = run_grpc(args, "stream", len(payload))
+    print(f"gRPC SubmitStream: {stream['trajectories_per_s']:8.1f} traj/s {stream['MB_per_s']:8.1f} MB/s "
+          f"ratio {stream['MB_per_s'] / raw['MB_per_s']:.3f}", flush=True)
+
+    result = {
+        "benchmark": "bench_transport",
+        "command": "python benchmarks/bench_transport.py" + (" --quick" if args.quick else ""),
+        "config": {"clients": args.clients, "per_client": args.per_client, "tokens": args.tokens,
+                   "head_k": args.k, "vocab": VOCAB, "bytes_per_trajectory": len(payload)},
+        "raw_socket": raw, "grpc_unary": unary, "grpc_stream": stream,
+        "ratio_unary": unary["MB_per_s"] / raw["MB_per_s"],
+        "ratio_stream": stream["MB_per_s"] / raw["MB_per_s"],
+        "target_ratio": 0.2,
+        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
+                    "python": platform.python_version(), "loadavg_1m": os.getloadavg()[0]},
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
