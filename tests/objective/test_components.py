@@ -125,6 +125,7 @@ def test_advantages():
         (dict(min_tail_mass=0.0), "min_tail_mass"),
         (dict(gather_block_size=0), "gather_block_size"),
         (dict(unknown_field=1), "unknown_field"),
+        (dict(kernel_options=(("block_v", 64), ("block_v", 32))), "repeated"),
     ],
 )
 def test_config_validation(kw, match):

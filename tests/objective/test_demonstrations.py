@@ -275,13 +275,33 @@ def _pallas_available() -> bool:
         return False
 
 
-@pytest.mark.parametrize("impl", ["xla", "pallas"])
+_REFERENCE: dict[tuple, tuple[np.ndarray, ...]] = {}
+IMPL_CASES = [
+    ("xla", ()),
+    ("xla", (("block_v", 64),)),  # 203 = 3 * 64 + 11: a remainder tile
+    ("pallas", ()),
+    ("pallas", (("block_n", 16), ("block_v", 64))),  # 37 tokens: a ragged token block
+]
+
+
+@pytest.mark.parametrize("impl,options", IMPL_CASES, ids=lambda x: str(x) if x else "default")
 @pytest.mark.parametrize("kw", CONFIGS[1:4], ids=lambda kw: "-".join(str(v) for v in kw.values()))
-def test_impls_agree(rng, helpers, kw, impl):
+def test_impls_agree(rng, helpers, kw, impl, options):
     if impl == "pallas" and not _pallas_available():
         pytest.skip("pallas implementation not importable")
-    h, w, batch = _ragged(rng, helpers)
-    ref = _value_and_grads(h, w, batch, ObjectiveConfig(impl="reference", **kw))
-    got = _value_and_grads(h, w, batch, ObjectiveConfig(impl=impl, **kw))
+    h, w, batch = _ragged(rng, helpers)  # the same problem for every case (fixed seed)
+    key = tuple(kw.items())
+    if key not in _REFERENCE:
+        _REFERENCE[key] = _value_and_grads(h, w, batch, ObjectiveConfig(impl="reference", **kw))
+    ref = _REFERENCE[key]
+    cfg = ObjectiveConfig(impl=impl, kernel_options=options, **kw)
+    got = _value_and_grads(h, w, batch, cfg)
     for a, b in zip(got, ref, strict=True):
         _close(a, b, 1e-5)
+
+
+def test_unknown_kernel_option_is_rejected(rng, helpers):
+    h, w, batch = _ragged(rng, helpers, n=4, d=8, v=16, k=2, s=2)
+    cfg = ObjectiveConfig(impl="reference", kernel_options=(("block_v", 64),))
+    with pytest.raises(ValueError, match="block_v"):
+        policy_loss(h, w, batch, cfg)

@@ -22,6 +22,8 @@ class ObjectiveConfig(BaseModel):
     c_min, c_max: the MIS range / TIS cap on r = p / b.
     aggregation: a name in ``AGGREGATIONS``; ``constant_normalizer`` is used by "constant".
     impl: linear-log-sum-exp kernel implementation (reference | xla | pallas).
+    kernel_options: (name, value) pairs passed to the kernel, e.g. (("block_v", 2048),); the
+        kernel rejects options its ``impl`` does not take.
     num_groups: sampler groups for per-group metrics (group ids outside [0, num_groups) are
         counted only in the overall metrics).
     min_tail_mass: floor on the trainer tail mass 1 - sum_H p in the denominator of rho; below it
@@ -39,6 +41,7 @@ class ObjectiveConfig(BaseModel):
     aggregation: str = "token_mean"
     constant_normalizer: float = Field(default=1.0, gt=0.0)
     impl: Literal["reference", "xla", "pallas"] = "xla"
+    kernel_options: tuple[tuple[str, int | float | bool | str], ...] = ()
     num_groups: int = Field(default=1, ge=1)
     min_tail_mass: float = Field(default=1e-4, gt=0.0, lt=1.0)
     gather_block_size: int | None = Field(default=None, ge=1)
@@ -57,6 +60,16 @@ class ObjectiveConfig(BaseModel):
     def _known_aggregation(cls, v: str) -> str:
         if v not in AGGREGATIONS:
             raise ValueError(f"aggregation must be one of {AGGREGATIONS.names()}, got {v!r}")
+        return v
+
+    @field_validator("kernel_options")
+    @classmethod
+    def _unique_options(
+        cls, v: tuple[tuple[str, int | float | bool | str], ...]
+    ) -> tuple[tuple[str, int | float | bool | str], ...]:
+        names = [k for k, _ in v]
+        if len(set(names)) != len(names):
+            raise ValueError(f"kernel_options has repeated names: {names}")
         return v
 
     @field_validator("c_min", "c_max", "constant_normalizer")

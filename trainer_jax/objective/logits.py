@@ -32,12 +32,17 @@ Array = jax.Array
 _GATHER_BLOCK_ELEMS = 1024 * 1024
 
 
-def _kernel(h: Array, w: Array, temperature: float, impl: str) -> tuple[Array, Array]:
+KernelOptions = tuple[tuple[str, Any], ...]
+
+
+def _kernel(
+    h: Array, w: Array, temperature: float, impl: str, options: KernelOptions = ()
+) -> tuple[Array, Array]:
     # Imported lazily: the kernel package is a sibling that the objective only calls through
     # its public API.
     from trainer_jax.kernels import linear_logsumexp
 
-    return linear_logsumexp(h, w, temperature=temperature, impl=impl)
+    return linear_logsumexp(h, w, temperature=temperature, impl=impl, **dict(options))
 
 
 def default_block_size(n: int, d: int, m: int) -> int:
@@ -75,29 +80,46 @@ def _gather_logits(h: Array, w: Array, ids: Array, inv_tau: float, block: int) -
     return _for_blocks(h.shape[0], block, step, jnp.zeros(ids.shape, jnp.float32))
 
 
-@partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
+@partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6))
 def lse_and_logits_at(
-    h: Array, w: Array, ids: Array, temperature: float, impl: str, block: int
+    h: Array,
+    w: Array,
+    ids: Array,
+    temperature: float,
+    impl: str,
+    block: int,
+    options: KernelOptions = (),
 ) -> tuple[Array, Array, Array]:
     """(lse [N], entropy [N], z[n, ids[n, m]] [N, M]) for z = h w / temperature.
 
     ``ids`` must already be in [0, V) (callers replace padding by 0 and mask the result).
     Differentiable in h and w through lse and z_ids; entropy carries no gradient.
     """
-    lse, ent = _kernel(h, w, temperature, impl)
+    lse, ent = _kernel(h, w, temperature, impl, options)
     return lse, ent, _gather_logits(h, w, ids, 1.0 / temperature, block)
 
 
 def _fwd(
-    h: Array, w: Array, ids: Array, temperature: float, impl: str, block: int
+    h: Array,
+    w: Array,
+    ids: Array,
+    temperature: float,
+    impl: str,
+    block: int,
+    options: KernelOptions,
 ) -> tuple[tuple[Array, Array, Array], tuple[Any, ...]]:
-    (lse, ent), pullback = jax.vjp(lambda hh, ww: _kernel(hh, ww, temperature, impl), h, w)
+    (lse, ent), pullback = jax.vjp(lambda hh, ww: _kernel(hh, ww, temperature, impl, options), h, w)
     z = _gather_logits(h, w, ids, 1.0 / temperature, block)
     return (lse, ent, z), (pullback, h, w, ids)
 
 
 def _bwd(
-    temperature: float, impl: str, block: int, res: tuple[Any, ...], cts: tuple[Array, ...]
+    temperature: float,
+    impl: str,
+    block: int,
+    options: KernelOptions,
+    res: tuple[Any, ...],
+    cts: tuple[Array, ...],
 ) -> tuple[Array, Array, None]:
     pullback, h, w, ids = res
     g_lse, g_ent, g_z = cts

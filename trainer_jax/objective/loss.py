@@ -93,7 +93,9 @@ def token_terms(hidden: Array, lm_head: Array, batch: TokenBatch, config: Object
     in_vocab = (ids >= 0) & (ids < v)
     safe_ids = jnp.where(in_vocab, ids, 0)
     block = config.gather_block_size or default_block_size(n, d, ids.shape[1])
-    lse, entropy, z = lse_and_logits_at(hidden, lm_head, safe_ids, batch.temperature, config.impl, block)
+    lse, entropy, z = lse_and_logits_at(
+        hidden, lm_head, safe_ids, batch.temperature, config.impl, block, config.kernel_options
+    )
     z_x, z_head, z_sup = z[:, 0], z[:, 1 : 1 + k], z[:, 1 + k :]
 
     sup_ok = in_vocab[:, 1 + k :]
