@@ -3,7 +3,8 @@
 Commands::
 
     mixrl-convert import   --hf DIR --out CKPT            HF safetensors -> mixrl orbax checkpoint
-    mixrl-convert export   --checkpoint CKPT --out DIR [--format F]   orbax (or HF) -> HF dir
+    mixrl-convert export   --checkpoint CKPT --out DIR [--format F] [--config HF --step N]
+                                                          orbax / training ckpt -> HF dir
     mixrl-convert quantize --in HF_DIR --format F --out DIR           HF -> quantized HF dir
     mixrl-convert publish  --in SRC --root ROOT --version V --format F [--format F ...]
     mixrl-convert verify   DIR                            manifest, shards, tensors vs config
@@ -95,20 +96,23 @@ def cmd_import(args: argparse.Namespace) -> int:
     with _progress("import", _count_tensors(hf.config), not args.quiet) as advance:
         out = save_orbax(args.out, _counted(checked_tensors(hf.tensors(), cfg), advance),
                          hf.config, copy_files_from=args.hf, overwrite=args.overwrite)
-    _console().print(f"wrote orbax checkpoint {out}")
+    _console().print(f"wrote orbax checkpoint {out}", soft_wrap=True)
     return 0
 
 
 def _export(src: str, out: str, fmt: str, args: argparse.Namespace, label: str) -> int:
     from convert.export import export_hf
-    from convert.sources import open_source
+    from convert.sources import load_config, open_source
 
-    source = open_source(src)
+    config = load_config(args.config) if getattr(args, "config", None) else None
+    source = open_source(src, config, step=getattr(args, "step", None))
+    if source.files_dir is None and getattr(args, "config", None) and Path(args.config).is_dir():
+        source.files_dir = Path(args.config)  # tokenizer files beside the run's config
     with _progress(label, _count_tensors(source.hf_config), not args.quiet) as advance:
         path = export_hf(source.open(), source.hf_config, out, fmt,
                          copy_files_from=source.files_dir, max_shard_bytes=args.max_shard_bytes,
                          overwrite=args.overwrite, progress=advance)
-    _console().print(f"wrote {fmt} export {path}")
+    _console().print(f"wrote {fmt} export {path}", soft_wrap=True)
     return 0
 
 
@@ -133,7 +137,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
                         keep_last=args.keep_last, max_shard_bytes=args.max_shard_bytes,
                         progress=lambda fmt, name, n: advance(f"{fmt}:{name}", n))
     for fmt, path in paths.items():
-        _console().print(f"published {fmt}: {path}")
+        _console().print(f"published {fmt}: {path}", soft_wrap=True)
     return 0
 
 
@@ -146,11 +150,11 @@ def cmd_verify(args: argparse.Namespace) -> int:
         console = _console()
         console.print(f"[red]FAILED[/red] {e.path}")
         for problem in e.problems:
-            console.print(f"  {problem}", markup=False)
+            console.print(f"  {problem}", markup=False, soft_wrap=True)
         return EXIT_ERROR
     _console(stderr=False).print(
         f"OK {report.path}: format {report.format}, {report.model_type}, {report.tensors} "
-        f"tensors in {report.files} file(s)")
+        f"tensors in {report.files} file(s)", soft_wrap=True)
     return 0
 
 
@@ -214,12 +218,19 @@ def build_parser() -> argparse.ArgumentParser:
     common_write(p)
     p.set_defaults(func=cmd_import)
 
-    p = sub.add_parser("export", help="orbax checkpoint (or HF dir) -> HF directory in a format",
-                       description="Export a mixrl orbax checkpoint (or an HF directory) as an "
-                       "HF directory in one weight format, with manifest.json.")
-    p.add_argument("--checkpoint", required=True, metavar="CKPT")
+    p = sub.add_parser("export", help="orbax/training checkpoint -> HF directory in a format",
+                       description="Export a mixrl orbax checkpoint, a trainer training "
+                       "checkpoint (params only) or an HF directory as an HF directory in one "
+                       "weight format, with manifest.json.")
+    p.add_argument("--checkpoint", required=True, metavar="CKPT",
+                   help="mixrl orbax checkpoint (from import), trainer training checkpoint "
+                        "directory (needs --config), or HF directory")
     p.add_argument("--out", required=True, metavar="DIR")
     p.add_argument("--format", default="bf16", choices=formats)
+    p.add_argument("--config", metavar="HF_CONFIG",
+                   help="config.json or HF directory (required for a training checkpoint, "
+                        "whose tokenizer files are then taken from that directory)")
+    p.add_argument("--step", type=int, help="training checkpoint step (default: latest)")
     shard_size(p)
     common_write(p)
     p.set_defaults(func=cmd_export)
@@ -282,7 +293,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # ValueErrors with a message naming the file or tensor; OSError covers missing paths.
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
         _console().print(f"[red]mixrl-convert {args.command}: error:[/red] {msg}",
-                         markup=True, highlight=False)
+                         markup=True, highlight=False, soft_wrap=True)
         return EXIT_ERROR
 
 

@@ -7,6 +7,7 @@ fresh iterator of ``(hf_name, array)`` pairs, and the directory tokenizer files 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
@@ -16,6 +17,7 @@ import numpy as np
 from convert.hf_checkpoint import CONFIG_NAME, CheckpointError, HFCheckpoint
 from convert.orbax_io import OrbaxCheckpoint, is_orbax_checkpoint
 from convert.qwen3_config import Qwen3Config
+from convert.trainer_checkpoint import is_trainer_checkpoint, trainer_checkpoint_tensors
 
 TensorIter = Iterator[tuple[str, np.ndarray]]
 
@@ -38,17 +40,34 @@ def _config_dict(config: Mapping | Qwen3Config | None) -> dict | None:
     return config.to_hf_dict() if isinstance(config, Qwen3Config) else dict(config)
 
 
-def open_source(src, config: Mapping | Qwen3Config | None = None) -> Source:
+def load_config(path: str | os.PathLike) -> dict:
+    """An HF config dict from a ``config.json`` file or a directory holding one."""
+    p = Path(path)
+    p = p / CONFIG_NAME if p.is_dir() else p
+    try:
+        return json.loads(p.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise SourceError(f"{p}: cannot read a model config ({e})") from None
+
+
+def open_source(src, config: Mapping | Qwen3Config | None = None, *,
+                step: int | None = None) -> Source:
     """Resolve ``src`` into a ``Source``.
 
-    ``src`` may be a path (HF directory with ``config.json`` + safetensors, or a mixrl orbax
-    checkpoint), a callable returning an iterator of ``(hf_name, array)``, a mapping
-    ``{hf_name: array}``, or a one-shot iterable of pairs. ``config`` (HF dict or
-    ``Qwen3Config``) is required for the last three and overrides the stored one for paths.
+    ``src`` may be a path (HF directory with ``config.json`` + safetensors, a mixrl orbax
+    checkpoint, or a trainer training checkpoint, which needs ``config`` and takes ``step``), a
+    callable returning an iterator of ``(hf_name, array)``, a mapping ``{hf_name: array}``, or a
+    one-shot iterable of pairs. ``config`` (HF dict or ``Qwen3Config``) is required for the last
+    three and overrides the stored one for paths.
     """
     cfg = _config_dict(config)
     if isinstance(src, (str, os.PathLike)):
         path = Path(src)
+        if is_trainer_checkpoint(path):
+            if cfg is None:
+                raise SourceError(f"{path} is a training checkpoint, which stores no model "
+                                  "config: pass the run's HF config (--config)")
+            return Source(cfg, lambda: trainer_checkpoint_tensors(path, cfg, step))
         if is_orbax_checkpoint(path):
             ckpt = OrbaxCheckpoint(path)
             return Source(cfg or ckpt.config, ckpt.tensors, path)
@@ -58,8 +77,8 @@ def open_source(src, config: Mapping | Qwen3Config | None = None) -> Source:
             except CheckpointError as e:
                 raise SourceError(str(e)) from None
             return Source(cfg or hf.config, hf.tensors, path)
-        raise SourceError(f"{path}: neither an HF directory (config.json + *.safetensors) nor a "
-                          "mixrl orbax checkpoint")
+        raise SourceError(f"{path}: not an HF directory (config.json + *.safetensors), a mixrl "
+                          "orbax checkpoint or a training checkpoint")
     if cfg is None:
         raise SourceError("a config is required when exporting in-memory parameters")
     if callable(src):

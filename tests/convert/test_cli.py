@@ -76,36 +76,49 @@ def test_import_export_quantize_verify_inspect(hf_dir, tmp_path):
     assert norm["rel_rms_err"] == 0
 
 
-def test_publish_command(hf_dir, tmp_path):
+def in_process(capsys, *args) -> tuple[int, str, str]:
+    """Run the CLI's main() here (a subprocess costs seconds of imports; the entry point itself
+    is exercised by the subprocess tests above)."""
+    code = main([str(a) for a in args])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_publish_command(hf_dir, tmp_path, capsys):
     root = tmp_path / "root"
-    for v in (1, 2):
-        run("publish", "--in", hf_dir, "--root", root, "--version", v, "--format", "bf16",
-            "--format", "nvfp4", "--keep-last", "1", "--quiet")
+    run("publish", "--in", hf_dir, "--root", root, "--version", 1, "--format", "bf16",
+        "--format", "nvfp4", "--keep-last", "1", "--quiet")
+    code, _, err = in_process(capsys, "publish", "--in", hf_dir, "--root", root, "--version", 2,
+                              "--format", "bf16", "--format", "nvfp4", "--keep-last", "1")
+    assert code == 0 and "published nvfp4" in err
     assert sorted(os.listdir(root)) == ["LATEST", "v00000002"]
     assert sorted(os.listdir(root / "v00000002")) == ["bf16", "nvfp4", "version.json"]
 
 
-def test_corrupt_inputs_fail_cleanly_and_write_nothing(hf_dir, tmp_path):
+def test_corrupt_inputs_fail_cleanly_and_write_nothing(hf_dir, tmp_path, capsys):
     bad = tmp_path / "bad_hf"
     shutil.copytree(hf_dir, bad)
     shard = sorted(bad.glob("model-*.safetensors"))[-1]
     shard.write_bytes(shard.read_bytes()[:-64])
-    for cmd in (["quantize", "--in", bad, "--format", "nvfp4", "--out", tmp_path / "o1"],
-                ["import", "--hf", bad, "--out", tmp_path / "o2"]):
-        proc = run(*cmd, "--quiet", ok=False)
-        assert proc.returncode == 1 and shard.name in proc.stderr, proc.stderr
-        assert "Traceback" not in proc.stderr
+    proc = run("quantize", "--in", bad, "--format", "nvfp4", "--out", tmp_path / "o1", "--quiet",
+               ok=False)
+    assert proc.returncode == 1 and shard.name in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+    code, _, err = in_process(capsys, "import", "--hf", bad, "--out", tmp_path / "o2", "--quiet")
+    assert code == 1 and shard.name in err and "Traceback" not in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad_hf"]  # no partial outputs
-    proc = run("quantize", "--in", tmp_path / "nowhere", "--format", "bf16", "--out",
-               tmp_path / "o3", ok=False)
-    assert proc.returncode == 1 and "nowhere" in proc.stderr
-    assert run("quantize", "--in", hf_dir, "--format", "int3", "--out", tmp_path / "o4",
-               ok=False).returncode == 2  # argparse usage error
+    code, _, err = in_process(capsys, "quantize", "--in", tmp_path / "nowhere", "--format",
+                              "bf16", "--out", tmp_path / "o3")
+    assert code == 1 and "nowhere" in err
+    with pytest.raises(SystemExit) as e:  # argparse usage error
+        main(["quantize", "--in", str(hf_dir), "--format", "int3", "--out", "x"])
+    assert e.value.code == 2
 
 
-def test_verify_fails_naming_the_bad_file(hf_dir, tmp_path):
+def test_verify_fails_naming_the_bad_file(hf_dir, tmp_path, capsys):
     out = tmp_path / "q"
-    run("quantize", "--in", hf_dir, "--format", "mxfp4", "--out", out, "--quiet")
+    assert in_process(capsys, "quantize", "--in", hf_dir, "--format", "mxfp4", "--out", out,
+                      "--quiet")[0] == 0
     shard = sorted(out.glob("model-*.safetensors"))[0]
     data = bytearray(shard.read_bytes())
     data[-1] ^= 0x01
@@ -113,5 +126,5 @@ def test_verify_fails_naming_the_bad_file(hf_dir, tmp_path):
     proc = run("verify", out, ok=False)
     assert proc.returncode == 1 and shard.name in proc.stderr and "sha256" in proc.stderr
     shard.write_bytes(bytes(data[:-10]))
-    proc = run("verify", out, "--no-manifest", ok=False)
-    assert proc.returncode == 1 and shard.name in proc.stderr
+    code, _, err = in_process(capsys, "verify", out, "--no-manifest")
+    assert code == 1 and shard.name in err.replace("\n", "")

@@ -177,7 +177,7 @@ def test_publish_validates_arguments(tmp_path):
         publish(make_params(), None, tmp_path, 0, ["bf16"])
     with pytest.raises(ValueError, match="version"):
         publish(make_params(), MOE, tmp_path, -1, ["bf16"])
-    with pytest.raises(SourceError, match="neither"):
+    with pytest.raises(SourceError, match="not an HF directory"):
         publish(tmp_path, None, tmp_path / "x", 0, ["bf16"])
 
 
