@@ -74,6 +74,69 @@ jax.tree_util.register_dataclass(
     meta_fields=[])
 
 
+class RowPacker:
+    """First-fit placement of sequences into ``rows x row_len`` with segment ids and positions."""
+
+    def __init__(self, rows: int, row_len: int):
+        self.row_len = row_len
+        self.ids = np.zeros((rows, row_len), np.int32)
+        self.seg = np.zeros((rows, row_len), np.int32)
+        self.pos = np.zeros((rows, row_len), np.int32)
+        self.fill = np.zeros(rows, np.int64)
+        self.next_seg = np.ones(rows, np.int32)
+
+    def place(self, tokens: np.ndarray) -> tuple[int, int] | None:
+        """Put ``tokens`` in the first row with room; ``(row, start)`` or None if none has."""
+        length = len(tokens)
+        if length > self.row_len:
+            raise ValueError(f"a sequence of {length} tokens is longer than row_len={self.row_len}")
+        fits = np.nonzero(self.fill + length <= self.row_len)[0]
+        if len(fits) == 0:
+            return None
+        r = int(fits[0])
+        start = int(self.fill[r])
+        self.ids[r, start:start + length] = tokens
+        self.seg[r, start:start + length] = self.next_seg[r]
+        self.pos[r, start:start + length] = np.arange(length)
+        self.next_seg[r] += 1
+        self.fill[r] += length
+        return r, start
+
+    def inputs(self, token_rows: np.ndarray, token_cols: np.ndarray) -> PackedInputs:
+        return PackedInputs(input_ids=self.ids, segment_ids=self.seg, positions=self.pos,
+                            token_rows=token_rows, token_cols=token_cols)
+
+
+def pack_sequences(sequences: list[tuple[list[int], list[int]]], *, rows: int, row_len: int,
+                   max_tokens: int) -> tuple[PackedInputs, np.ndarray, np.ndarray, int]:
+    """Pack ``(token_ids, loss_mask)`` pairs for supervised training.
+
+    Returns inputs, targets ``[max_tokens]``, a target mask and how many sequences fit.
+    """
+    packer = RowPacker(rows, row_len)
+    token_rows = np.zeros(max_tokens, np.int32)
+    token_cols = np.zeros(max_tokens, np.int32)
+    targets = np.zeros(max_tokens, np.int32)
+    mask = np.zeros(max_tokens, np.float32)
+    n, count = 0, 0
+    for ids, loss_mask in sequences:
+        ids, loss_mask = np.asarray(ids, np.int32), np.asarray(loss_mask)
+        cols = np.nonzero(loss_mask[1:])[0] + 1
+        if n + len(cols) > max_tokens:
+            break
+        placed = packer.place(ids)
+        if placed is None:
+            break
+        r, start = placed
+        token_rows[n:n + len(cols)] = r
+        token_cols[n:n + len(cols)] = start + cols - 1
+        targets[n:n + len(cols)] = ids[cols]
+        mask[n:n + len(cols)] = 1
+        n += len(cols)
+        count += 1
+    return packer.inputs(token_rows, token_cols), targets, mask, count
+
+
 def pack(samples: list[Sample], advantages: np.ndarray, *, rows: int, row_len: int, max_tokens: int,
          head_k: int, support_k: int, temperature: float, trainer_version: int,
          max_staleness: int | None = None) -> tuple[PackedInputs, TokenBatch, list[int]]:
@@ -84,11 +147,7 @@ def pack(samples: list[Sample], advantages: np.ndarray, *, rows: int, row_len: i
     ``max_staleness`` versions are masked out of the loss. A sequence longer than ``row_len`` is
     an error (the config must give rows room for the longest trajectory).
     """
-    ids = np.zeros((rows, row_len), np.int32)
-    seg = np.zeros((rows, row_len), np.int32)
-    pos = np.zeros((rows, row_len), np.int32)
-    fill = np.zeros(rows, np.int64)
-    next_seg = np.ones(rows, np.int32)
+    packer = RowPacker(rows, row_len)
     n = 0
     fields = {
         "token_rows": np.zeros(max_tokens, np.int32), "token_cols": np.zeros(max_tokens, np.int32),
@@ -103,21 +162,13 @@ def pack(samples: list[Sample], advantages: np.ndarray, *, rows: int, row_len: i
     }
     taken: list[int] = []
     for i, s in enumerate(samples):
-        length, p = len(s.token_ids), s.num_policy_tokens
-        if length > row_len:
-            raise ValueError(f"sample {i} has {length} tokens, more than row_len={row_len}")
+        p = s.num_policy_tokens
         if n + p > max_tokens:
             continue
-        fits = np.nonzero(fill + length <= row_len)[0]
-        if len(fits) == 0:
+        placed = packer.place(s.token_ids)
+        if placed is None:
             continue
-        r = int(fits[0])
-        start = int(fill[r])
-        ids[r, start:start + length] = s.token_ids
-        seg[r, start:start + length] = next_seg[r]
-        pos[r, start:start + length] = np.arange(length)
-        next_seg[r] += 1
-        fill[r] += length
+        r, start = placed
         cols = start + np.nonzero(s.loss_mask)[0]
         sl = slice(n, n + p)
         fields["token_rows"][sl] = r
@@ -142,7 +193,6 @@ def pack(samples: list[Sample], advantages: np.ndarray, *, rows: int, row_len: i
         fields["versions"][sl] = s.versions
         n += p
         taken.append(i)
-    inputs = PackedInputs(input_ids=ids, segment_ids=seg, positions=pos,
-                          token_rows=fields.pop("token_rows"), token_cols=fields.pop("token_cols"))
+    inputs = packer.inputs(fields.pop("token_rows"), fields.pop("token_cols"))
     batch = TokenBatch.create(temperature=temperature, trainer_version=trainer_version, **fields)
     return inputs, batch, taken

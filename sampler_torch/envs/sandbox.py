@@ -22,7 +22,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-import resource
 import shutil
 import signal
 import subprocess
@@ -80,7 +79,7 @@ class SandboxResult:
 @functools.cache
 def sandbox_available() -> bool:
     """Whether namespaces can be created here (root, ``unshare`` and ``chroot`` present)."""
-    if os.geteuid() != 0 or not shutil.which("unshare") or not shutil.which("chroot"):
+    if os.geteuid() != 0 or not all(shutil.which(c) for c in ("unshare", "chroot", "prlimit")):
         return False
     probe = subprocess.run(["unshare", "--net", "--mount", "--pid", "--fork", "true"],
                            capture_output=True, timeout=10)
@@ -125,30 +124,30 @@ class Sandbox:
         if self.isolated:
             os.chown(path, NOBODY, NOBODY)
 
-    def _set_limits(self) -> None:
+    def _limits_prefix(self) -> list[str]:
+        # rlimits through prlimit(1) rather than a preexec_fn: forking a multithreaded process
+        # (JAX, torch) and running Python in the child before exec is unsafe. Root (the
+        # namespace setup) is exempt from the process limit; it binds once the command is nobody.
         lim = self.limits
-        resource.setrlimit(resource.RLIMIT_CPU, (lim.cpu_seconds, lim.cpu_seconds))
-        resource.setrlimit(resource.RLIMIT_AS, (lim.memory_bytes, lim.memory_bytes))
-        resource.setrlimit(resource.RLIMIT_FSIZE, (lim.file_bytes, lim.file_bytes))
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        # Root (the namespace setup) is exempt; it binds once the command runs as nobody.
-        resource.setrlimit(resource.RLIMIT_NPROC, (lim.max_processes, lim.max_processes))
+        return ["prlimit", f"--cpu={lim.cpu_seconds}", f"--as={lim.memory_bytes}",
+                f"--fsize={lim.file_bytes}", "--core=0", f"--nproc={lim.max_processes}", "--"]
 
     def run(self, command: str) -> SandboxResult:
         if "\0" in command:
             raise ValueError("command contains a NUL byte")
         if self.isolated:
-            argv = ["unshare", "--net", "--mount", "--pid", "--fork", "--kill-child",
+            argv = self._limits_prefix() + ["unshare", "--net", "--mount", "--pid", "--fork", "--kill-child",
                     "/bin/sh", "-c", _SETUP]
             env = {"PATH": "/usr/bin:/bin:/usr/sbin:/sbin", "JAIL": str(self._base / "jail"),
                    "WORK": str(self.workdir), "CMD": command,
                    "SYSTEM_DIRS": " ".join(_SYSTEM_DIRS)}
             cwd = "/"
         else:
-            argv, env, cwd = ["/bin/sh", "-c", command], {"PATH": "/usr/bin:/bin"}, self.workdir
+            argv = self._limits_prefix() + ["/bin/sh", "-c", command]
+            env, cwd = {"PATH": "/usr/bin:/bin"}, self.workdir
         proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                start_new_session=True, preexec_fn=self._set_limits)
+                                start_new_session=True)
         return self._collect(proc)
 
     def _collect(self, proc: subprocess.Popen) -> SandboxResult:

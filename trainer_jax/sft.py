@@ -1,0 +1,62 @@
+"""Supervised warm start: train the policy on environment demonstrations before RL.
+
+A tiny random model never succeeds, so RL has no signal. Each environment can produce a correct
+episode (``Environment.demonstration``: tokens and the mask of policy tokens; tool episodes run
+their commands in the real sandbox); a few hundred steps of masked cross-entropy on those give a
+policy that sometimes succeeds, which is where the RL phase starts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import optax
+from flax import nnx
+from pydantic import BaseModel, ConfigDict, Field
+
+from trainer_jax.batching import pack_sequences
+from trainer_jax.learner import sft_loss
+from trainer_jax.models import Qwen3
+
+
+class SFTConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    steps: int = Field(300, ge=0)
+    sequences_per_step: int = Field(32, gt=0)
+    learning_rate: float = Field(3e-3, gt=0)
+    warmup_steps: int = Field(20, ge=0)
+    rows: int = Field(8, gt=0)
+    row_len: int = Field(256, gt=0)
+    max_tokens: int = Field(1024, gt=0)
+
+
+@nnx.jit
+def _sft_step(model, optimizer, inputs, targets, mask):
+    loss, grads = nnx.value_and_grad(sft_loss)(model, inputs, targets, mask)
+    optimizer.update(model, grads)
+    return loss
+
+
+def warm_start(model: Qwen3, envs: Sequence, cfg: SFTConfig, rng: np.random.Generator,
+               on_step: Callable[[int, float], None] | None = None) -> list[float]:
+    """Train ``model`` in place on demonstrations drawn evenly from ``envs``; return the losses."""
+    schedule = optax.warmup_cosine_decay_schedule(0.0, cfg.learning_rate, max(cfg.warmup_steps, 1),
+                                                  max(cfg.steps, cfg.warmup_steps + 1))
+    optimizer = nnx.Optimizer(model, optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule)),
+                              wrt=nnx.Param)
+    losses = []
+    for step in range(cfg.steps):
+        demos = []
+        for i in range(cfg.sequences_per_step):
+            env = envs[int(rng.integers(len(envs)))]
+            demos.append(env.demonstration(env.sample_task(rng, f"sft-{step}-{i}")))
+        inputs, targets, mask, count = pack_sequences(demos, rows=cfg.rows, row_len=cfg.row_len,
+                                                      max_tokens=cfg.max_tokens)
+        if count == 0:
+            raise ValueError("no demonstration fits sft.rows x sft.row_len / sft.max_tokens")
+        losses.append(float(_sft_step(model, optimizer, inputs, targets, mask)))
+        if on_step is not None:
+            on_step(step, losses[-1])
+    return losses
