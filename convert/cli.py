@@ -108,12 +108,27 @@ def _export(src: str, out: str, fmt: str, args: argparse.Namespace, label: str) 
     source = open_source(src, config, step=getattr(args, "step", None))
     if source.files_dir is None and getattr(args, "config", None) and Path(args.config).is_dir():
         source.files_dir = Path(args.config)  # tokenizer files beside the run's config
+    kv_scales = _kv_scales(args, src)
     with _progress(label, _count_tensors(source.hf_config), not args.quiet) as advance:
         path = export_hf(source.open(), source.hf_config, out, fmt,
                          copy_files_from=source.files_dir, max_shard_bytes=args.max_shard_bytes,
-                         overwrite=args.overwrite, progress=advance)
+                         overwrite=args.overwrite, progress=advance, kv_scales=kv_scales)
     _console().print(f"wrote {fmt} export {path}", soft_wrap=True)
     return 0
+
+
+def _kv_scales(args: argparse.Namespace, src) -> dict | None:
+    """FP8 KV-cache scales calibrated on ``--kv-calibration`` ids (HF directory sources)."""
+    ids_path = getattr(args, "kv_calibration", None)
+    if not ids_path:
+        return None
+    from convert.hf_checkpoint import CONFIG_NAME
+    from convert.kv_calibration import calibrate_kv_scales, load_calibration_ids
+
+    if not (Path(src) / CONFIG_NAME).is_file() or not list(Path(src).glob("*.safetensors")):
+        raise ValueError("--kv-calibration needs an HF directory as input (the sampler model "
+                         "is loaded from it)")
+    return calibrate_kv_scales(src, load_calibration_ids(ids_path))
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -135,6 +150,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
                    not args.quiet) as advance:
         paths = publish(args.input, None, args.root, args.version, formats,
                         keep_last=args.keep_last, max_shard_bytes=args.max_shard_bytes,
+                        kv_scales=_kv_scales(args, args.input),
                         progress=lambda fmt, name, n: advance(f"{fmt}:{name}", n))
     for fmt, path in paths.items():
         _console().print(f"published {fmt}: {path}", soft_wrap=True)
@@ -209,6 +225,11 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--max-shard-bytes", type=int, default=2 * 1024**3,
                        help="maximum safetensors shard size in bytes (default 2 GiB)")
 
+    def kv_calibration(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--kv-calibration", metavar="IDS",
+                       help="token ids [B, T] (.npy or JSON) to calibrate per-layer FP8 KV-cache "
+                            "scales (k_scale/v_scale) on; needs an HF directory input")
+
     p = sub.add_parser("import", help="HF safetensors directory -> mixrl orbax checkpoint",
                        description="Read an HF Qwen3/Qwen3-MoE directory tensor by tensor and "
                        "write the orbax checkpoint the trainer starts from (HF-named tensors "
@@ -242,6 +263,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", required=True, choices=formats)
     p.add_argument("--out", required=True, metavar="DIR")
     shard_size(p)
+    kv_calibration(p)
     common_write(p)
     p.set_defaults(func=cmd_quantize)
 
@@ -256,6 +278,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="repeat for several formats")
     p.add_argument("--keep-last", type=int, default=3)
     shard_size(p)
+    kv_calibration(p)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_publish)
 
