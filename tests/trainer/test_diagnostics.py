@@ -1,0 +1,45 @@
+import json
+
+import pytest
+
+from trainer_jax.diagnostics import CollapseAlarms, MetricsSink, plot_run, read_metrics
+
+
+def test_sink_writes_jsonl_and_tensorboard_and_plots(tmp_path):
+    sink = MetricsSink(tmp_path)
+    for step in range(12):
+        sink.write(step, {"reward_mean": step / 12, "k3": 1e-3 * (1 + step), "grad_norm": 1.0,
+                          "group/fp8/k3": 2e-3, "group/bf16/k3": 1e-3, "termination/answered": 0.9,
+                          "entropy": float("nan")})
+    sink.close()
+    records = read_metrics(tmp_path)
+    assert len(records) == 12 and records[3]["step"] == 3 and records[3]["entropy"] is None
+    assert any(p.name.startswith("events") for p in (tmp_path / "tensorboard").iterdir())
+    written = {p.name for p in plot_run(tmp_path)}
+    assert {"reward.png", "kl.png", "grad_norm.png", "terminations.png"} <= written
+    assert (tmp_path / "plots" / "kl.png").stat().st_size > 1000
+
+
+def test_partial_last_line_is_tolerated_but_corruption_is_not(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text(json.dumps({"step": 0}) + "\n" + '{"step": 1, "lo')
+    assert read_metrics(tmp_path) == [{"step": 0}]
+    path.write_text('{"ste\n' + json.dumps({"step": 1}) + "\n")
+    with pytest.raises(ValueError, match=":1"):
+        read_metrics(tmp_path)
+    with pytest.raises(FileNotFoundError):
+        read_metrics(tmp_path / "nope")
+
+
+def test_alarms_fire_on_the_seed_failure_modes():
+    alarms = CollapseAlarms(baseline_steps=3, window=3)
+    fired = []
+    for step in range(20):
+        reward = 0.6 if step < 10 else 0.05
+        k3 = 1e-3 if step < 10 else 5e-3
+        empty = 0.0 if step < 15 else 0.5
+        fired.append(alarms.update(reward, k3, empty))
+    assert not any(fired[:10])
+    assert any("reward collapsing" in a for a in fired[14])
+    assert any("KL" in a for a in fired[14])
+    assert any("empty replies" in a for a in fired[16])

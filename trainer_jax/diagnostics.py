@@ -1,0 +1,158 @@
+"""One metrics sink (JSONL + TensorBoard), collapse alarms, and plots of a run directory.
+
+Every step writes one flat record ``{"step": s, "name": value, ...}``: per-group values are named
+``group/{name}/{metric}`` and termination shares ``termination/{reason}``, so a record is easy to
+grep, to load with pandas, and to plot.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+METRICS_FILE = "metrics.jsonl"
+
+# The curves `mixrl-train plot` draws, each a list of metric-name prefixes (one line per match).
+PLOTS = {
+    "reward": ["reward_mean", "pass_rate", "eval/pass@1"],
+    "kl": ["k3", "group/*/k3"],
+    "grad_norm": ["grad_norm"],
+    "entropy": ["entropy"],
+    "out_of_range": ["out_of_range", "group/*/out_of_range"],
+    "loss": ["loss"],
+    "throughput": ["tokens_per_s", "trainer_idle_share"],
+    "terminations": ["termination/*"],
+}
+
+
+class MetricsSink:
+    def __init__(self, run_dir: str | os.PathLike, *, tensorboard: bool = True):
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._jsonl = open(self.run_dir / METRICS_FILE, "a", buffering=1)
+        self._tb = None
+        if tensorboard:
+            from tensorboardX import SummaryWriter
+
+            self._tb = SummaryWriter(str(self.run_dir / "tensorboard"))
+
+    def write(self, step: int, values: dict[str, float]) -> None:
+        record = {"step": int(step)}
+        record.update({k: _plain(v) for k, v in values.items()})
+        self._jsonl.write(json.dumps(record) + "\n")
+        if self._tb is not None:
+            for k, v in record.items():
+                if k != "step" and isinstance(v, (int, float)) and math.isfinite(v):
+                    self._tb.add_scalar(k, v, step)
+
+    def close(self) -> None:
+        self._jsonl.close()
+        if self._tb is not None:
+            self._tb.close()
+
+
+def _plain(v):
+    try:
+        v = float(v)
+    except (TypeError, ValueError):
+        return v
+    return v if math.isfinite(v) else None
+
+
+def read_metrics(run_dir: str | os.PathLike) -> list[dict]:
+    path = Path(run_dir) / METRICS_FILE
+    if not path.exists():
+        raise FileNotFoundError(f"{path} does not exist (not a run directory?)")
+    records = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            # A run killed mid-write leaves a partial last line; anything else is corruption.
+            if n != len(path.read_text().splitlines()):
+                raise ValueError(f"{path}:{n} is not valid JSON") from None
+    return records
+
+
+class CollapseAlarms:
+    """The failure signs of the seed experiment, checked every step.
+
+    - reward collapse: the moving average falls below ``reward_drop`` x its best after warmup;
+    - KL blow-up: the moving average of k3 exceeds ``kl_factor`` x its level over the first
+      ``baseline_steps`` steps;
+    - empty replies: their share rises above ``empty_share``.
+    """
+
+    def __init__(self, *, baseline_steps: int = 5, window: int = 5, reward_drop: float = 0.5,
+                 kl_factor: float = 3.0, empty_share: float = 0.3):
+        self.baseline_steps, self.window = baseline_steps, window
+        self.reward_drop, self.kl_factor, self.empty_share = reward_drop, kl_factor, empty_share
+        self.rewards: list[float] = []
+        self.kls: list[float] = []
+        self.best_reward = -math.inf
+
+    def update(self, reward: float | None, k3: float | None, empty_share: float | None) -> list[str]:
+        alarms = []
+        if reward is not None:
+            self.rewards.append(reward)
+            avg = sum(self.rewards[-self.window:]) / len(self.rewards[-self.window:])
+            if len(self.rewards) >= self.window:
+                self.best_reward = max(self.best_reward, avg)
+            if (len(self.rewards) > self.baseline_steps + self.window and self.best_reward > 0
+                    and avg < self.reward_drop * self.best_reward):
+                alarms.append(f"reward collapsing: {avg:.3f} vs best {self.best_reward:.3f}")
+        if k3 is not None:
+            self.kls.append(k3)
+            if len(self.kls) > self.baseline_steps + self.window:
+                base = sum(self.kls[: self.baseline_steps]) / self.baseline_steps
+                avg = sum(self.kls[-self.window:]) / self.window
+                if base > 0 and avg > self.kl_factor * base:
+                    alarms.append(f"KL(b||p) at {avg / base:.1f}x its early level ({avg:.2e})")
+        if empty_share is not None and empty_share > self.empty_share:
+            alarms.append(f"empty replies at {empty_share:.0%} of episodes")
+        return alarms
+
+
+def _matching(names: Iterable[str], pattern: str) -> list[str]:
+    if "*" not in pattern:
+        return [pattern] if pattern in names else []
+    head, tail = pattern.split("*", 1)
+    return sorted(n for n in names if n.startswith(head) and n.endswith(tail) and len(n) > len(head + tail))
+
+
+def plot_run(run_dir: str | os.PathLike) -> list[Path]:
+    """Write ``plots/{name}.png`` for each curve in ``PLOTS`` that the run has; return the paths."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    records = read_metrics(run_dir)
+    names = {k for r in records for k in r}
+    out_dir = Path(run_dir) / "plots"
+    out_dir.mkdir(exist_ok=True)
+    written = []
+    for title, patterns in PLOTS.items():
+        series = [n for p in patterns for n in _matching(names, p)]
+        if not series:
+            continue
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        for name in series:
+            pts = [(r["step"], r[name]) for r in records if r.get(name) is not None]
+            if pts:
+                ax.plot(*zip(*pts, strict=True), label=name, marker="." if len(pts) < 30 else None)
+        ax.set_xlabel("step")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        path = out_dir / f"{title}.png"
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        written.append(path)
+    return written
