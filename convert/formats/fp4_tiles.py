@@ -15,6 +15,7 @@ from collections.abc import Callable
 import numpy as np
 
 from convert.formats.numerics import (
+    BF16,
     QuantizationError,
     encode_e2m1,
     load_f32,
@@ -81,10 +82,29 @@ def group_amax(grouped: np.ndarray) -> np.ndarray:
     return cols.max(axis=0).reshape(rows, ng)
 
 
+_MAGNITUDE_BITS = {BF16: (np.uint16, 0x7FFF), np.dtype(np.float32): (np.uint32, 0x7FFFFFFF)}
+
+
 def tensor_amax(w: np.ndarray) -> float:
-    """Max |x| over a whole 2-D tensor, in parallel row bands (NaN/Inf propagate)."""
+    """Max |x| over a whole 2-D tensor, in parallel row bands (NaN/Inf propagate).
+
+    For bf16/f32 the max is taken over the magnitude bits as integers (sign masked off): for
+    IEEE floats that order equals the order of |x|, and Inf/NaN patterns sort above every
+    finite value, so one integer pass replaces convert + max + min.
+    """
     n_out = w.shape[0]
     band = max(1, (1 << 18) // max(1, w.shape[1]))
+    if w.dtype in _MAGNITUDE_BITS:
+        itype, mask = _MAGNITUDE_BITS[w.dtype]
+        bits = w.view(itype)
+
+        def part_bits(r0: int) -> int:
+            rows = bits[r0:r0 + band]
+            return int(np.bitwise_and(rows, mask, out=scratch("amax_bits", rows.shape, itype))
+                       .max())
+
+        top = max(parallel_map(part_bits, range(0, n_out, band)))
+        return float(np.array(top, itype).view(w.dtype).astype(np.float32))
 
     def part(r0: int) -> float:
         x = load_f32(w[r0:r0 + band], out=scratch("amax_band", w[r0:r0 + band].shape, np.float32))
