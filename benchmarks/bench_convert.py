@@ -12,7 +12,10 @@ one's peak) that builds the weights, warms up, then times one save. Throughput i
 bytes per second; ``ratio`` is a format's throughput over the baseline's from the same run
 (best of ``--repeats``, runs interleaved so load on the machine hits both alike). Peak RSS is
 sampled from /proc every 5 ms during the timed save and reported above the RSS just before it
-(the in-memory source weights excluded). Writes go to ``--dir`` (default: tmpfs).
+(the in-memory source weights excluded; freed heap reused from the weight generation can hide
+part of a peak). CPU seconds (all threads) are reported beside wall time: on a shared machine
+they show how much of the wall time was waiting for a core. Writes go to ``--dir`` (default:
+tmpfs).
 
     .venv/bin/python benchmarks/bench_convert.py            # ~0.3 G params, ~1 min on 2 cores
     .venv/bin/python benchmarks/bench_convert.py --layers 2 --repeats 1   # quick look
@@ -24,6 +27,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import shutil
 import subprocess
 import sys
@@ -112,15 +116,19 @@ def child(args) -> None:
     baseline_save(small, work / f"warmup-{os.getpid()}.safetensors")
     (work / f"warmup-{os.getpid()}.safetensors").unlink()
     with PeakRSS() as rss:
+        cpu0 = resource.getrusage(resource.RUSAGE_SELF)
         t = time.perf_counter()
         if args.child == "baseline":
             baseline_save(weights, out)
         else:
             export_hf(iter(weights.items()), cfg.to_hf_dict(), out, args.child)
         dt = time.perf_counter() - t
+        cpu1 = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)
     size = out.stat().st_size if out.is_file() else sum(p.stat().st_size for p in out.iterdir())
     shutil.rmtree(out) if out.is_dir() else out.unlink()
-    print(json.dumps({"seconds": dt, "rss_mb": rss.delta_mb, "out_bytes": size}))
+    print(json.dumps({"seconds": dt, "cpu_seconds": cpu, "rss_mb": rss.delta_mb,
+                      "out_bytes": size}))
 
 
 def main() -> None:
@@ -157,8 +165,9 @@ def main() -> None:
         if proc.returncode:
             raise RuntimeError(f"{what} failed:\n{proc.stderr}")
         r = json.loads(proc.stdout.strip().splitlines()[-1])
-        print(f"  {what:10s} {r['seconds']:6.2f} s  {r['rss_mb']:6.0f} MB")
-        return r["seconds"], r["rss_mb"], r["out_bytes"]
+        print(f"  {what:10s} {r['seconds']:6.2f} s  cpu {r['cpu_seconds']:6.2f} s  "
+              f"{r['rss_mb']:6.0f} MB  (load {os.getloadavg()[0]:.1f})")
+        return r["seconds"], r["rss_mb"], r["out_bytes"], r["cpu_seconds"]
 
     runs: dict[str, list] = {"baseline": []} | {f: [] for f in args.formats}
     for _ in range(args.repeats):
@@ -175,6 +184,7 @@ def main() -> None:
             "seconds": round(best[0], 3), "gb_per_s": round(src_bytes / best[0] / 1e9, 3),
             "m_params_per_s": round(n_params / best[0] / 1e6, 1),
             "ratio_vs_baseline": round(base_s / best[0], 3),
+            "cpu_seconds": round(best[3], 3),
             "output_gb": round(best[2] / 1e9, 3),
             "peak_rss_delta_mb": round(max(r[1] for r in rs), 1)}
     report = {
@@ -193,9 +203,9 @@ def main() -> None:
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
-    print(f"\n{'':12s} {'s':>7s} {'GB/s':>7s} {'x base':>7s} {'RSS+ MB':>8s}")
+    print(f"\n{'':12s} {'s':>7s} {'cpu s':>7s} {'GB/s':>7s} {'x base':>7s} {'RSS+ MB':>8s}")
     for name, r in results.items():
-        print(f"{name[:12]:12s} {r['seconds']:7.2f} {r['gb_per_s']:7.3f} "
+        print(f"{name[:12]:12s} {r['seconds']:7.2f} {r['cpu_seconds']:7.2f} {r['gb_per_s']:7.3f} "
               f"{r['ratio_vs_baseline']:7.3f} {r['peak_rss_delta_mb']:8.0f}")
     print(f"wrote {args.out}")
 

@@ -8,12 +8,13 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from tiny_models import build_hf_model  # noqa: E402
+
 from convert.cli import main  # noqa: E402
 from convert.export import kv_scale_names  # noqa: E402
 from convert.hf_checkpoint import HFCheckpoint  # noqa: E402
 from convert.kv_calibration import calibrate_kv_scales  # noqa: E402
 from convert.verify import verify_dir  # noqa: E402
-from tests.tiny_models import build_hf_model  # noqa: E402
 
 
 @pytest.fixture(scope="module")

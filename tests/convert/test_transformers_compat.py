@@ -11,12 +11,12 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 import numpy as np  # noqa: E402
+from tiny_models import build_hf_model  # noqa: E402
 
 from convert.dequantize import dequantized_tensors, plain_config  # noqa: E402
 from convert.export import export_hf  # noqa: E402
 from convert.hf_checkpoint import HFCheckpoint, write_hf_checkpoint  # noqa: E402
 from convert.verify import verify_dir  # noqa: E402
-from tests.tiny_models import build_hf_model  # noqa: E402
 
 MODELS = ["dense_untied_gqa4", "dense_tied_gqa2", "moe_norm_topk", "moe_sparse_step2_unnormed"]
 
