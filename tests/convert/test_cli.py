@@ -56,13 +56,8 @@ def test_help_for_every_command(capsys):
         assert "usage: mixrl-convert " + cmd in capsys.readouterr().out.replace("\n", " ")
 
 
-def test_import_export_quantize_verify_inspect(hf_dir, tmp_path):
-    ckpt, exported, quant = tmp_path / "ckpt", tmp_path / "bf16", tmp_path / "fp8"
-    run("import", "--hf", hf_dir, "--out", ckpt, "--quiet")
-    assert (ckpt / "tokenizer_config.json").exists()
-    run("export", "--checkpoint", ckpt, "--out", exported, "--quiet")
-    src, back = HFCheckpoint(hf_dir), HFCheckpoint(exported)
-    assert all(np.array_equal(src.get(n), back.get(n)) for n in src.names())
+def test_quantize_verify_inspect(hf_dir, tmp_path):
+    quant = tmp_path / "fp8"
     proc = run("quantize", "--in", hf_dir, "--format", "fp8_block", "--out", quant)
     assert "quantize fp8_block" in proc.stderr  # the progress bar
     assert run("verify", quant).stdout.startswith(f"OK {quant}: format fp8_block")
@@ -82,6 +77,20 @@ def in_process(capsys, *args) -> tuple[int, str, str]:
     code = main([str(a) for a in args])
     out = capsys.readouterr()
     return code, out.out, out.err
+
+
+def test_import_export_round_trip(hf_dir, tmp_path, capsys):
+    # In-process: these two load jax/orbax, seconds per subprocess on a busy 2-core machine.
+    ckpt, exported = tmp_path / "ckpt", tmp_path / "bf16"
+    code, _, err = in_process(capsys, "import", "--hf", hf_dir, "--out", ckpt)
+    assert code == 0 and "wrote orbax checkpoint" in err
+    assert (ckpt / "tokenizer_config.json").exists()
+    assert in_process(capsys, "export", "--checkpoint", ckpt, "--out", exported, "--quiet")[0] == 0
+    src, back = HFCheckpoint(hf_dir), HFCheckpoint(exported)
+    assert all(np.array_equal(src.get(n), back.get(n)) for n in src.names())
+    assert (exported / "tokenizer_config.json").exists()
+    code, _, err = in_process(capsys, "import", "--hf", hf_dir, "--out", ckpt, "--quiet")
+    assert code == 1 and "already exists" in err
 
 
 def test_publish_command(hf_dir, tmp_path, capsys):
