@@ -47,7 +47,7 @@ class ToolEpisode(Episode):
             text += "[timed out]"
         elif result.output_truncated:
             text += "[output truncated]"
-        return self.env.observation(text)
+        return self.env.observation(text, self.task.payload.get("max_observation_chars"))
 
     def step(self, generated: list[int]) -> StepResult:
         self.turns += 1
@@ -66,7 +66,7 @@ class ToolEpisode(Episode):
                 body = [t for t in generated if t != self.env.eos]
                 return StepResult([], 0.0, True, "toolless_stop" if body else "empty_reply")
             observation = self.env.encode("\n")
-        if self.turns >= self.env.max_turns:
+        if self.turns >= int(self.task.payload.get("max_turns", self.env.max_turns)):
             return StepResult([], 0.0, True, "turn_limit")
         return StepResult(observation, 0.0, False)
 
@@ -122,17 +122,20 @@ class ShellTasks(Environment):
             payload = {"question": f"write {word} to out.txt", "files": {},
                        "check": {"kind": "file", "path": "out.txt", "value": word},
                        "solution": f"echo {word} > out.txt"}
-        payload["family"] = family
+        # Episode rules travel with the task: the sampler's copy of the environment may be built
+        # with defaults.
+        payload.update(family=family, max_turns=self.max_turns,
+                       max_observation_chars=self.max_observation_chars)
         return Task(task_id, self.name, payload)
 
     def start(self, task: Task) -> ToolEpisode:
         return ToolEpisode(self, task)
 
-    def observation(self, output: str) -> list[int]:
+    def observation(self, output: str, max_chars: int | None = None) -> list[int]:
         # Tag strings in command output must not become control tokens.
         for tag in TOOL_TAGS:
             output = output.replace(tag, "")
-        output = output[: self.max_observation_chars]
+        output = output[: max_chars or self.max_observation_chars]
         return ([self.tokenizer.token_to_id(OUT_OPEN)] + self.encode(output)
                 + [self.tokenizer.token_to_id(OUT_CLOSE)] + self.encode("\n"))
 
