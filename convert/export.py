@@ -200,11 +200,13 @@ def export_hf(tensors: Tensors, hf_config: Mapping, out_dir: str | os.PathLike, 
                                  progress=progress)
         # The stage directory exists (empty); write_hf_checkpoint builds its own temp beside it
         # and swaps it in, then the manifest is added and the whole stage is renamed to out_dir.
+        fetched = prefetch(stream)
         try:
-            write_hf_checkpoint(stage, prefetch(stream), config, max_shard_bytes=max_shard_bytes,
+            write_hf_checkpoint(stage, fetched, config, max_shard_bytes=max_shard_bytes,
                                 copy_files_from=copy_files_from, extra_json=extra,
                                 overwrite=True, on_shard=hash_shard)
         finally:
+            fetched.close()  # on error: stop the producer thread now, not at garbage collection
             wait(digests)  # no hash may still be reading when the stage is removed
         done = [d.result() for d in digests]
         known = {shard_name(i + 1, len(done)): d for i, d in enumerate(done)}

@@ -2,6 +2,7 @@
 
 import json
 import os
+import threading
 
 import ml_dtypes
 import numpy as np
@@ -85,6 +86,8 @@ def test_export_refuses_bad_sources_and_leaves_nothing(tmp_path):
         with pytest.raises(exc, match=match):
             export_hf(iter(tensors), cfg, tmp_path / "out", "fp8_block", max_shard_bytes=32 * 1024)
         assert not (tmp_path / "out").exists() and leftovers(tmp_path) == []
+        # the background producer stopped with the export, not at some later garbage collection
+        assert not [t for t in threading.enumerate() if t.name == "mixrl-export-prefetch"]
 
 
 def test_export_refuses_quantized_configs_and_existing_outputs(tmp_path):
