@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import queue
+import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -35,6 +36,10 @@ from convert.qwen3_config import Qwen3Config, hf_tensor_shapes
 Tensors = Iterable[tuple[str, np.ndarray]]
 #: called after each source tensor is converted: (hf_name, source bytes)
 ProgressFn = Callable[[str, int], None]
+
+
+# Tensors some checkpoints carry that are not parameters (recomputed on load): dropped.
+_DROPPED = re.compile(r"(^|\.)rotary_emb\.inv_freq$")
 
 
 class ExportError(ValueError):
@@ -66,6 +71,8 @@ def checked_tensors(tensors: Tensors, cfg: Qwen3Config) -> Iterator[tuple[str, n
     seen: set[str] = set()
     for name, arr in tensors:
         arr = np.asarray(arr)
+        if _DROPPED.search(name) or (cfg.tie_word_embeddings and name == "lm_head.weight"):
+            continue  # a recomputed buffer, or a tied lm_head some writers store anyway
         if name not in expected:
             raise ExportError(f"source tensor {name!r} is not part of a {cfg.model_type} model "
                               f"with this config")

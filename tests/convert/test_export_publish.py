@@ -90,6 +90,17 @@ def test_export_refuses_bad_sources_and_leaves_nothing(tmp_path):
         assert not [t for t in threading.enumerate() if t.name == "mixrl-export-prefetch"]
 
 
+def test_export_drops_inv_freq_and_a_stored_tied_lm_head(tmp_path):
+    tied = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                       num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                       tie_word_embeddings=True)
+    params = make_params(tied)
+    extra = {"lm_head.weight": params["model.embed_tokens.weight"],
+             "model.layers.0.self_attn.rotary_emb.inv_freq": np.ones(8, np.float32)}
+    out = export_hf(iter({**params, **extra}.items()), tied.to_hf_dict(), tmp_path / "t", "bf16")
+    assert set(HFCheckpoint(out).names()) == set(params)
+
+
 def test_export_refuses_quantized_configs_and_existing_outputs(tmp_path):
     params = make_params()
     cfg = MOE.to_hf_dict()
