@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from sampler_torch.engine.forward import EngineForward
 from sampler_torch.engine.params import Completion, SamplingParams
 from sampler_torch.engine.sampling import sample_step, uniforms
 from sampler_torch.recipes import (
@@ -90,12 +91,14 @@ class Engine:
         self.recipe = get_recipe(recipe, **recipe_overrides)
         self.device = torch.device(device)
         self.max_batch = max_batch
-        self._loaded: LoadedModel = load_model(model_dir, self.recipe, device=self.device,
-                                               require_manifest=require_manifest)
+        loaded = load_model(model_dir, self.recipe, device=self.device,
+                            require_manifest=require_manifest)
+        self._loaded: LoadedModel = loaded
+        self._forward = EngineForward(loaded.model, self.recipe)
         self._version = version
         self._lock = threading.Lock()  # guards _loaded/_version/_pending/_generating
         self._generate_lock = threading.Lock()  # one generate at a time
-        self._pending: tuple[LoadedModel, int] | None = None
+        self._pending: tuple[LoadedModel, EngineForward, int] | None = None
         self._generating = False
         self.last_stats = GenerateStats()
 
@@ -104,6 +107,11 @@ class Engine:
     @property
     def model(self):
         return self._loaded.model
+
+    @property
+    def forward(self) -> EngineForward:
+        """The forward pass of the weights being served (rebuilt on every reload)."""
+        return self._forward
 
     @property
     def config(self):
@@ -128,17 +136,19 @@ class Engine:
         if loaded.config != self._loaded.config:
             raise WeightLoadError(f"{model_dir}: architecture differs from the served model "
                                   f"({loaded.config} vs {self._loaded.config})")
+        staged = (loaded, EngineForward(loaded.model, self.recipe), int(version))
         with self._lock:
             if self._generating:
-                self._pending = (loaded, int(version))
+                self._pending = staged
             else:
-                self._loaded, self._version, self._pending = loaded, int(version), None
+                self._loaded, self._forward, self._version = staged
+                self._pending = None
 
     def _apply_pending(self) -> bool:
         with self._lock:
             if self._pending is None:
                 return False
-            self._loaded, self._version = self._pending
+            self._loaded, self._forward, self._version = self._pending
             self._pending = None
             return True
 
@@ -147,11 +157,11 @@ class Engine:
     @torch.inference_mode()
     def logits(self, sequences: Sequence[Sequence[int]]) -> list[torch.Tensor]:
         """Teacher-forced float32 logits ``[len(seq), V]`` of each sequence (no cache)."""
-        model = self._loaded.model
+        fwd = self._forward
         out = []
         for seq in sequences:
             ids = torch.tensor([list(seq)], dtype=torch.long, device=self.device)
-            out.append(model(ids)[0].float().cpu())
+            out.append(fwd.logits(fwd.hidden(ids))[0].cpu())
         return out
 
     # ------------------------------------------------------------------ generation
@@ -230,7 +240,7 @@ class Engine:
         while waiting or running:
             if self._apply_pending():
                 stats.swaps.append((step, self._version))
-            model, version = self._loaded.model, self._version
+            fwd, version = self._forward, self._version
             # -- admit and prefill
             admitted = []
             while free and waiting:
@@ -251,9 +261,9 @@ class Engine:
                 for row, s in enumerate(admitted):
                     ids[row, : length[s]] = torch.tensor(running[s].prompt)
                 slots_t = torch.tensor(admitted, device=dev)
-                h = model.hidden_states(ids.to(dev), cache=cache, slots=slots_t)
+                h = fwd.hidden(ids.to(dev), cache=cache, slots=slots_t)
                 last = torch.tensor([length[s] - 1 for s in admitted], device=dev)
-                logits_parts.append(model.lm_head(h[torch.arange(len(admitted), device=dev), last]))
+                logits_parts.append(fwd.logits(h[torch.arange(len(admitted), device=dev), last]))
                 slot_order += admitted
                 stats.prefill_tokens += sum(length[s] for s in admitted)
             # -- decode
@@ -261,8 +271,8 @@ class Engine:
                 slots_t = torch.tensor(decoding, device=dev)
                 tokens = torch.tensor([[next_token[s]] for s in decoding], device=dev)
                 positions = torch.tensor([[length[s] - 1] for s in decoding], device=dev)
-                h = model.hidden_states(tokens, positions, cache=cache, slots=slots_t)
-                logits_parts.append(model.lm_head(h[:, -1]))
+                h = fwd.hidden(tokens, positions, cache=cache, slots=slots_t)
+                logits_parts.append(fwd.logits(h[:, -1]))
                 slot_order += decoding
                 stats.decode_tokens += len(decoding)
             # -- sample
@@ -273,7 +283,7 @@ class Engine:
             head_k = max(running[s].params.head_k for s in slot_order)
             rec = sample_step(logits, temp[order], top_p[order], top_k[order], head_k, u)
             self._record(rec, slot_order, running, version)
-            # -- retire
+            # -- retire (decode rows in slot order: a contiguous run reads the cache as a view)
             decoding = []
             for s in slot_order:
                 req = running[s]
@@ -290,6 +300,7 @@ class Engine:
                 del running[s]
                 free.append(s)
                 stats.retirements.append((step, req.index))
+            decoding.sort()
             stats.steps = step = step + 1
             if on_step is not None:
                 on_step(step - 1)

@@ -44,34 +44,33 @@ def exports(tmp_path_factory):
     return dirs
 
 
-def _linear_ptrs(model) -> set[int]:
-    return {m.weight.data_ptr() for m in model.modules() if isinstance(m, torch.nn.Linear)}
+def _ptrs(engine) -> set[int]:
+    return {t.data_ptr() for t in engine.forward.tensors()}
 
 
-def test_reload_switches_version_at_a_step_and_never_mixes_within_one(exports):
+def test_reload_switches_version_at_a_step_and_never_mixes_within_one(exports, monkeypatch):
     eng = Engine(exports[0], "bf16", compute_dtype="float32", max_batch=2, version=0)
-    model_a = eng.model
+    model_a, a = eng.model, _ptrs(eng)
     steps: list[list[int]] = [[]]
+    linear = torch.nn.functional.linear
 
-    def record(module, args):
-        if isinstance(module, torch.nn.Linear):
-            steps[-1].append(module.weight.data_ptr())
+    def recording_linear(x, weight, *args, **kwargs):
+        # Every matmul weight the engine touches (fused projections and lm_head included).
+        steps[-1].append(weight.data_ptr())
+        return linear(x, weight, *args, **kwargs)
 
     def on_step(step):
         if step == 3:
             eng.load_weights(exports[1], 1)
         steps.append([])
 
-    handle = torch.nn.modules.module.register_module_forward_pre_hook(record)
-    try:
-        outs = eng.generate([[1, 2, 3], [4, 5], [6, 7]],
-                            SamplingParams(max_new_tokens=8, top_p=0.9, seed=0), on_step=on_step)
-    finally:
-        handle.remove()
-    model_b = eng.model
-    assert model_b is not model_a and eng.version == 1
+    monkeypatch.setattr(torch.nn.functional, "linear", recording_linear)
+    outs = eng.generate([[1, 2, 3], [4, 5], [6, 7]],
+                        SamplingParams(max_new_tokens=8, top_p=0.9, seed=0), on_step=on_step)
+    monkeypatch.undo()
+    assert eng.model is not model_a and eng.version == 1
     assert eng.last_stats.swaps == [(4, 1)]
-    a, b = _linear_ptrs(model_a), _linear_ptrs(model_b)
+    b = _ptrs(eng)
     assert not a & b
     for step, ptrs in enumerate(steps[:-1]):
         used = set(ptrs)

@@ -1,0 +1,65 @@
+"""The engine's forward (fused projections, per-forward RoPE/mask, cache views) computes what
+``sampler_torch.models.Qwen3ForCausalLM`` computes."""
+
+import numpy as np
+import pytest
+import torch
+
+from sampler_torch.engine.forward import EngineForward
+from sampler_torch.models import KVCache
+from sampler_torch.recipes import get_recipe, load_model
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+def _ids(vocab, shape, seed=0):
+    return torch.from_numpy(np.random.default_rng(seed).integers(0, vocab, shape))
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+@pytest.mark.parametrize("name", ["dense_untied_gqa4", "dense_tied_gqa2", "moe_sparse_step2_unnormed"])
+def test_fp32_forward_equals_the_model(hf_model_dir, name, attention):
+    path, _ = hf_model_dir(name)
+    recipe = get_recipe("bf16", compute_dtype="float32", attention=attention)
+    model = load_model(path, recipe).model
+    fwd = EngineForward(model, recipe)
+    ids = _ids(model.config.vocab_size, (2, 9))
+    with torch.no_grad():
+        expected = model(ids)
+    np.testing.assert_allclose(fwd.logits(fwd.hidden(ids)), expected, atol=1e-5, rtol=0)
+    # Through the cache: a right-padded prefill of two slots, then one decode step each.
+    cache = KVCache.for_model(model.config, slots=3, max_len=12)
+    lens = [5, 7]
+    fwd.hidden(ids[:, :7], cache=cache, slots=torch.tensor([2, 0]))
+    pos = torch.tensor([[lens[0]], [lens[1]]])
+    step = fwd.logits(fwd.hidden(ids[[0, 1], [5, 7]][:, None], pos, cache=cache,
+                                 slots=torch.tensor([2, 0])))
+    np.testing.assert_allclose(step[0, 0], expected[0, 5], atol=1e-5, rtol=0)
+    np.testing.assert_allclose(step[1, 0], expected[1, 7], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("kernel", ["auto", "native"])
+def test_bf16_forward_matches_the_bf16_model(hf_model_dir, kernel):
+    """bf16 operands through float32 GEMM (``auto`` on CPU) or the bf16 GEMM (``native``): the
+    same products and float32 accumulation, so only summation order and the resulting bf16
+    roundings differ from the model's own bf16 forward."""
+    path, _ = hf_model_dir("dense_untied_gqa4")
+    recipe = get_recipe("bf16", kernel=kernel)
+    model = load_model(path, recipe).model
+    fwd = EngineForward(model, recipe)
+    assert fwd.layers[0]["qkv"].weight.dtype == (torch.float32 if kernel == "auto"
+                                                  else torch.bfloat16)
+    ids = _ids(model.config.vocab_size, (2, 9))
+    with torch.no_grad():
+        expected = model(ids)
+        ref32 = load_model(path, get_recipe("bf16", compute_dtype="float32")).model(ids)
+    got = fwd.logits(fwd.hidden(ids))
+    err, model_err = (got - ref32).abs().max(), (expected - ref32).abs().max()
+    assert err < 2 * model_err + 1e-3, (err, model_err)
+    np.testing.assert_allclose(got, expected, atol=0.03, rtol=0)
