@@ -177,6 +177,7 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
 
     base_s = min(r[0] for r in runs["baseline"])
+    base_cpu = min(r[3] for r in runs["baseline"])
     results = {}
     for what, rs in runs.items():
         best = min(rs, key=lambda r: r[0])
@@ -185,6 +186,7 @@ def main() -> None:
             "m_params_per_s": round(n_params / best[0] / 1e6, 1),
             "ratio_vs_baseline": round(base_s / best[0], 3),
             "cpu_seconds": round(best[3], 3),
+            "cpu_ratio_vs_baseline": round(base_cpu / min(r[3] for r in rs), 3),
             "output_gb": round(best[2] / 1e9, 3),
             "peak_rss_delta_mb": round(max(r[1] for r in rs), 1)}
     report = {
