@@ -1,8 +1,10 @@
 """`mixrl-train`: the trainer's command line.
 
-    mixrl-train --config configs/local_mixed.yaml [key=value ...]   run the configured job
+    mixrl-train --config configs/local_mixed.yaml [--resume] [key=value ...]   train
     mixrl-train serve [--config C] [--listen HOST:PORT] [key=value ...]   the rollout service alone
-    mixrl-train sft|plot|sweep ...                                  (brought by later issues)
+    mixrl-train sft --config C --out HF_DIR [key=value ...]   the supervised warm start alone
+    mixrl-train plot RUN_DIR                                   PNG plots of a run's metrics
+    mixrl-train sweep ...                                      (the reproduction issue)
 """
 
 from __future__ import annotations
@@ -17,8 +19,6 @@ from trainer_jax.config import ConfigError, load_config
 
 # Subcommands the design names whose implementation lands with later work.
 PLANNED = {
-    "sft": "the supervised warm start (training-loop issue)",
-    "plot": "run plots (training-loop issue)",
     "sweep": "the ablation sweep (reproduction issue)",
 }
 
@@ -27,10 +27,12 @@ def _main_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="mixrl-train",
         description="Train a policy from mixed-precision sampler groups. Without a subcommand, runs "
-                    "the job the config describes. Subcommands: serve, " + ", ".join(PLANNED) + ".")
+                    "the job the config describes. Subcommands: serve, sft, plot, "
+                    + ", ".join(PLANNED) + ".")
     p.add_argument("--config", required=True, help="YAML run config (see configs/)")
     p.add_argument("--run-dir", help="output directory (overrides run.dir)")
     p.add_argument("--steps", type=int, help="number of steps (overrides run.steps)")
+    p.add_argument("--resume", action="store_true", help="continue from the run dir's last checkpoint")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. run.seed=3")
     return p
 
@@ -40,6 +42,10 @@ def main(argv: list[str] | None = None) -> int:
     console = Console()
     if argv and argv[0] == "serve":
         return serve_main(argv[1:])
+    if argv and argv[0] == "plot":
+        return plot_main(argv[1:])
+    if argv and argv[0] == "sft":
+        return sft_main(argv[1:])
     if argv and argv[0] in PLANNED:
         sub = argparse.ArgumentParser(prog=f"mixrl-train {argv[0]}", description=PLANNED[argv[0]])
         sub.parse_known_args(argv[1:])  # --help works; anything else is not built yet
@@ -57,19 +63,77 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"[red]error:[/red] {e}")
         return 2
 
-    from trainer_jax.mismatch_probe import run_probe  # heavy imports after argument checks
+    from trainer_jax.train import train  # heavy imports after argument checks
 
-    console.print(f"[bold]mixrl[/bold] {cfg.run.name}: {len(cfg.groups)} sampler groups, "
-                  f"run dir {cfg.run.dir}")
-    report = run_probe(cfg, cfg.run.dir)
-    table = Table(title="sampler groups vs fp32 trainer (per-token KL(b||p) estimates)")
-    for col in ("group", "dtype", "attention", "tokens", "k1 mean", "k3 mean", "max |log r|", "tok/s"):
-        table.add_column(col)
-    for name, g in report["groups"].items():
-        table.add_row(name, g["dtype"], g["attention"], str(g["tokens"]), f"{g['k1_mean']:.2e}",
-                      f"{g['k3_mean']:.2e}", f"{g['max_abs_log_ratio']:.2e}", f"{g['tokens_per_s']:.0f}")
+    console.print(f"[bold]mixrl[/bold] {cfg.run.name}: {len(cfg.groups)} sampler groups "
+                  f"({', '.join(f'{g.name}:{g.recipe}' for g in cfg.groups)}), run dir {cfg.run.dir}")
+    summary = train(cfg, resume=args.resume, console=console)
+    table = Table(title=f"{cfg.run.name}: {summary['steps']} steps")
+    table.add_column("")
+    keys = sorted(set(summary["eval_start"]) | set(summary["eval_end"]))
+    for key in keys:
+        table.add_column(key)
+    for label in ("eval_start", "eval_end"):
+        row = summary[label]
+        table.add_row(label.replace("eval_", ""), *(f"{row.get(k, float('nan')):.3f}" for k in keys))
     console.print(table)
-    console.print(f"weights: {report['weights']}  report: {cfg.run.dir}/probe.json")
+    for err in summary["publish_errors"]:
+        console.print(f"[red]publish failed[/red] {err}")
+    console.print(f"run dir: {summary['run_dir']} (metrics.jsonl, tensorboard/, plots/, checkpoints/)")
+    return 0
+
+
+def plot_main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="mixrl-train plot", description="Write plots/*.png for a run directory.")
+    p.add_argument("run_dir")
+    args = p.parse_args(argv)
+    from trainer_jax.diagnostics import plot_run
+
+    try:
+        paths = plot_run(args.run_dir)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"mixrl-train plot: {e}", file=sys.stderr)
+        return 2
+    for path in paths:
+        print(path)
+    return 0
+
+
+def sft_main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(
+        prog="mixrl-train sft",
+        description="Supervised warm start on the config's task mix; writes an HF directory usable as "
+                    "model.hf_dir.")
+    p.add_argument("--config", required=True)
+    p.add_argument("--out", required=True, help="HF directory to write (must not exist)")
+    p.add_argument("overrides", nargs="*", metavar="key=value")
+    args = p.parse_args(argv)
+    try:
+        cfg = load_config(args.config, args.overrides)
+    except ConfigError as e:
+        print(f"mixrl-train sft: {e}", file=sys.stderr)
+        return 2
+    if not cfg.tasks.mix:
+        print("mixrl-train sft: the config has no tasks.mix to draw demonstrations from", file=sys.stderr)
+        return 2
+    import numpy as np
+
+    from convert.tokenizer import char_tokenizer
+    from trainer_jax.env_tasks import EnvTaskSource, mix_specs
+    from trainer_jax.models import save_hf
+    from trainer_jax.sft import warm_start
+    from trainer_jax.train import build_policy
+
+    tokenizer = char_tokenizer()
+    model, qcfg = build_policy(cfg, tokenizer.get_vocab_size())
+    envs = EnvTaskSource(mix_specs(cfg.tasks), tokenizer=tokenizer).envs
+    losses = warm_start(model, envs, cfg.sft, np.random.default_rng(cfg.run.seed))
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tok_dir:
+        tokenizer.save(f"{tok_dir}/tokenizer.json")
+        save_hf(model, qcfg, args.out, tokenizer_dir=tok_dir)
+    print(f"mixrl-train sft: {len(losses)} steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}; wrote {args.out}")
     return 0
 
 

@@ -13,6 +13,10 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from trainer_jax.learner import OptimizerConfig
+from trainer_jax.objective import ObjectiveConfig
+from trainer_jax.sft import SFTConfig
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -34,14 +38,24 @@ class ModelConfig(_Strict):
     num_experts_per_tok: int = Field(0, ge=0)
     moe_intermediate_size: int = Field(0, ge=0)
     seed: int = 0
+    dtype: Literal["float32", "bfloat16"] = "float32"  # the trainer's compute dtype (params stay fp32)
 
 
 class SamplerGroupConfig(_Strict):
-    """One group of samplers sharing a precision setup."""
+    """One group of samplers sharing a precision recipe (sampler_torch.recipes).
+
+    ``spawn``: the trainer starts ``processes`` local ``mixrl-sample`` processes for the group;
+    otherwise the group's samplers join by address on their own.
+    """
 
     name: str
-    dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"
-    attention: Literal["sdpa", "eager"] = "sdpa"
+    recipe: str = "bf16"
+    attention: Literal["sdpa", "eager"] | None = None  # None: the recipe's default
+    kv_cache_dtype: str | None = None  # None: the recipe's default
+    processes: int = Field(1, ge=0)
+    capacity: int = Field(8, gt=0)
+    threads: int = Field(1, gt=0)
+    spawn: bool = True
 
 
 class RunSection(_Strict):
@@ -51,13 +65,36 @@ class RunSection(_Strict):
     steps: int = Field(1, ge=0)
 
 
-class MismatchProbeConfig(_Strict):
-    """The sampler-vs-trainer mismatch probe: prompts sampled by each group, scored by the trainer."""
+class TrainConfig(_Strict):
+    """The asynchronous loop: batch shape, cadences, staleness, evaluation."""
 
-    prompts: int = Field(16, gt=0)
-    prompt_len: int = Field(8, gt=0)
-    max_new_tokens: int = Field(32, gt=0)
-    temperature: float = Field(1.0, gt=0)
+    prompts_per_step: int = Field(8, gt=0)  # P prompt groups (of G samples each) per step
+    advantage: str = "grpo"  # a name in trainer_jax.objective.ADVANTAGE_ESTIMATORS
+    publish_every: int = Field(1, gt=0)
+    checkpoint_every: int = Field(10, gt=0)
+    keep_checkpoints: int = Field(2, gt=0)
+    keep_versions: int = Field(3, gt=0)
+    max_staleness: int | None = Field(None, ge=0)  # None: no cap (the design's default)
+    rows: int = Field(16, gt=0)
+    row_len: int = Field(128, gt=0)
+    max_tokens: int = Field(1024, gt=0)
+    support_k: int = Field(64, gt=0)
+    episode_tokens: int = Field(160, gt=0)  # token budget of a multi-turn episode
+    take_timeout_s: float = Field(600.0, gt=0)
+    sampler_start_timeout_s: float = Field(180.0, gt=0)
+    eval_every: int = Field(10, ge=0)  # 0: only before and after training
+    eval_tasks: int = Field(32, ge=0)
+    eval_k: int = Field(4, gt=0)
+    eval_seed: int = 10_007
+
+
+class MixEntry(_Strict):
+    """One environment of a task mix: its share, difficulty and constructor options."""
+
+    env: str
+    weight: float = Field(1.0, gt=0)
+    difficulty: int = Field(1, ge=1)
+    options: dict[str, Any] = Field(default_factory=dict)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -168,15 +205,93 @@ class TasksConfig(_Strict):
     seed: int = 0
     sampling: TaskSamplingConfig = TaskSamplingConfig()
     arithmetic: ArithmeticTasksConfig = ArithmeticTasksConfig()
+    mix: list[MixEntry] = Field(default_factory=list)  # with env: mix (trainer_jax.env_tasks)
+
+
+# ---------------------------------------------------------------------------------------------
+# Scale-out: the device mesh and multi-process JAX (trainer_jax.parallel, docs/scale_out.md).
+
+_MESH_AXES = ("data", "fsdp", "expert", "tensor")
+
+
+class MeshConfig(_Strict):
+    """Sizes of the named mesh axes; their product is the number of devices.
+
+    ``data``/``fsdp``/``expert``/``tensor`` are the sizes within one slice (TPU) or host (GPU),
+    where devices share the fast interconnect; ``-1`` on one axis means "every device the others
+    leave" (the default: pure data parallelism). ``dcn_data``/``dcn_fsdp`` multiply the data and
+    fsdp axes across slices or hosts (the slow network). ``rules`` overrides the logical-axis
+    table of ``trainer_jax.parallel.rules``, e.g. ``{embed: [fsdp, data]}``.
+    """
+
+    data: int = -1
+    fsdp: int = 1
+    expert: int = 1
+    tensor: int = 1
+    dcn_data: int = Field(1, gt=0)
+    dcn_fsdp: int = Field(1, gt=0)
+    rules: dict[str, list[str]] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _sizes(self) -> MeshConfig:
+        sizes = {a: getattr(self, a) for a in _MESH_AXES}
+        bad = [a for a, n in sizes.items() if n == 0 or n < -1]
+        if bad:
+            raise ValueError(f"mesh axis sizes must be >= 1 or -1 (the rest), got "
+                             f"{ {a: sizes[a] for a in bad} }")
+        if sum(n == -1 for n in sizes.values()) > 1:
+            raise ValueError(f"at most one mesh axis may be -1, got {sizes}")
+        for logical, axes in self.rules.items():
+            unknown = set(axes) - set(_MESH_AXES)
+            if unknown:
+                raise ValueError(f"rules.{logical}: unknown mesh axes {sorted(unknown)}; "
+                                 f"expected a subset of {list(_MESH_AXES)}")
+        return self
+
+
+class DistributedConfig(_Strict):
+    """Multi-process JAX (``jax.distributed.initialize``): one process per TPU VM / GPU host.
+
+    ``mode``: ``off`` never initialises (one process); ``on`` always does (unset fields are
+    auto-detected by JAX: TPU metadata, SLURM, Open MPI); ``auto`` initialises only when a
+    coordinator is configured or a multi-process launcher is detected. The environment variables
+    ``MIXRL_COORDINATOR_ADDRESS``, ``MIXRL_NUM_PROCESSES``, ``MIXRL_PROCESS_ID`` and
+    ``MIXRL_LOCAL_DEVICE_IDS`` override the fields, so one config file serves every process.
+    """
+
+    mode: Literal["auto", "on", "off"] = "auto"
+    coordinator_address: str | None = None
+    num_processes: int | None = Field(None, gt=0)
+    process_id: int | None = Field(None, ge=0)
+    local_device_ids: list[int] | None = None
+    initialization_timeout_s: int = Field(300, gt=0)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> DistributedConfig:
+        if self.coordinator_address is not None:
+            host, sep, port = self.coordinator_address.rpartition(":")
+            if not sep or not host or not port.isdigit():
+                raise ValueError(f"coordinator_address must be HOST:PORT, got "
+                                 f"{self.coordinator_address!r}")
+        if (self.process_id is not None and self.num_processes is not None
+                and self.process_id >= self.num_processes):
+            raise ValueError(f"process_id {self.process_id} must be below num_processes "
+                             f"{self.num_processes}")
+        return self
 
 
 class RunConfig(_Strict):
     run: RunSection = RunSection()
     model: ModelConfig = ModelConfig()
     groups: list[SamplerGroupConfig] = Field(default_factory=lambda: [SamplerGroupConfig(name="bf16")])
-    probe: MismatchProbeConfig = MismatchProbeConfig()
     service: ServiceConfig = ServiceConfig()
     tasks: TasksConfig = TasksConfig()
+    train: TrainConfig = TrainConfig()
+    objective: ObjectiveConfig = ObjectiveConfig()
+    optimizer: OptimizerConfig = OptimizerConfig()
+    sft: SFTConfig = SFTConfig(steps=0)
+    mesh: MeshConfig = MeshConfig()
+    distributed: DistributedConfig = DistributedConfig()
 
     @model_validator(mode="after")
     def _unique_group_names(self) -> RunConfig:
