@@ -8,7 +8,7 @@ would) and submits it, one unary call at a time; a second gRPC pass uses one ``S
 leased batch. The baseline sends the identical serialized bytes, length-prefixed, from 8 processes
 to one receiving process over plain TCP sockets and waits for a 1-byte ack per message.
 
-    .venv/bin/python benchmarks/bench_transport.py [--clients 8] [--per-client 24] [--quick]
+    .venv/bin/python benchmarks/bench_transport.py [--clients 8] [--per-client 48] [--quick]
         [--out benchmarks/results/bench_transport.json]
 """
 
@@ -52,72 +52,27 @@ def _free_port() -> int:
 
 
 # ------------------------------------------------------------------------------------------------
-# gRPC clients
+# Servers: `mixrl-train serve` and a raw-socket receiver, both alive for the whole run
 
 
-def grpc_client(address: str, n: int, tokens: int, k: int, mode: str, seed: int, barrier, out) -> None:
-    from sampler_torch.client import RolloutClient, build_trajectory
-
-    arrays = behaviour_arrays(tokens, k, seed)
-    client = RolloutClient(address, TOKEN, group=f"bench-{seed % 2}", capacity=8, name=f"bench-{seed}",
-                           max_message_bytes=64 * 1024**2)
-    client.register()
-
-    def run(count: int) -> int:
-        sent = 0
-        while sent < count:
-            tasks = client.lease(min(8, count - sent)).tasks
-            if not tasks:
-                time.sleep(0.01)
-                continue
-            trajs = [build_trajectory(t, i, finish_reason="length", **arrays)
-                     for t in tasks for i in t.sample_indices]
-            results = client.submit_many(trajs) if mode == "stream" else [client.submit(t) for t in trajs]
-            bad = [r for r in results if not r.accepted]
-            if bad:
-                raise RuntimeError(f"refused: {bad[0]}")
-            sent += len(trajs)
-        return sent
-
-    run(2)  # warm-up: connection, first leases
-    barrier.wait()
-    t0 = time.perf_counter()
-    out.put((run(n), time.perf_counter() - t0))
-    client.close()
-
-
-def run_grpc(args, mode: str, payload_bytes: int) -> dict:
+def start_serve(args) -> tuple[subprocess.Popen, str, Path]:
     port = _free_port()
-    env = {**os.environ, "MIXRL_TOKEN": TOKEN}
-    with tempfile.TemporaryDirectory() as tmp:
-        summary = Path(tmp) / "summary.json"
-        server = subprocess.Popen(
-            [sys.executable, "-m", "trainer_jax.cli", "serve", "--listen", f"127.0.0.1:{port}",
-             "--status-every", "0", "--summary-json", str(summary), "--log-level", "WARNING",
-             "tasks.group_size=1", f"tasks.sampling.max_new_tokens={args.tokens}",
-             f"tasks.sampling.head_k={args.k}", f"service.vocab_size={VOCAB}",
-             "service.limits.max_message_bytes=67108864", "service.buffer.max_trajectories=100000",
-             "service.buffer.max_bytes=8589934592", f"service.max_workers={4 * args.clients + 8}"],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
-        line = server.stdout.readline()
-        if "listening on" not in line:
-            server.kill()
-            raise RuntimeError(f"serve did not start: {line}{server.stdout.read()}")
-        threading.Thread(target=server.stdout.read, daemon=True).start()
-        try:
-            result = _drive(grpc_client, (f"127.0.0.1:{port}", args.per_client, args.tokens, args.k, mode),
-                            args.clients, payload_bytes)
-        finally:
-            server.terminate()
-            server.wait(timeout=60)
-        st = json.loads(summary.read_text())
-        result["server_accepted"] = st["totals"].get("accepted", 0)
-        result["server_rejected"] = st["totals"].get("rejected", 0)
-    return result
-
-
-# ------------------------------------------------------------------------------------------------
-# Raw socket baseline
+    summary = Path(tempfile.mkdtemp(prefix="bench-transport-")) / "summary.json"
+    server = subprocess.Popen(
+        [sys.executable, "-m", "trainer_jax.cli", "serve", "--listen", f"127.0.0.1:{port}",
+         "--status-every", "0", "--summary-json", str(summary), "--log-level", "WARNING",
+         "tasks.group_size=1", f"tasks.sampling.max_new_tokens={args.tokens}",
+         f"tasks.sampling.head_k={args.k}", f"service.vocab_size={VOCAB}",
+         "service.limits.max_message_bytes=67108864", "service.buffer.max_trajectories=100000",
+         "service.buffer.max_bytes=8589934592", f"service.max_workers={2 * args.clients + 8}"],
+        env={**os.environ, "MIXRL_TOKEN": TOKEN}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True, cwd=REPO)
+    line = server.stdout.readline()
+    if "listening on" not in line:
+        server.kill()
+        raise RuntimeError(f"serve did not start: {line}{server.stdout.read()}")
+    threading.Thread(target=server.stdout.read, daemon=True).start()
+    return server, f"127.0.0.1:{port}", summary
 
 
 def raw_receiver(port_q, stop) -> None:
@@ -129,8 +84,7 @@ def raw_receiver(port_q, stop) -> None:
 
     def serve(conn: socket.socket) -> None:
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        buf = bytearray(64 * 1024**2)
-        view = memoryview(buf)
+        view = memoryview(bytearray(64 * 1024**2))
         head = bytearray(8)
         while True:
             if conn.recv_into(head, 8, socket.MSG_WAITALL) < 8:
@@ -153,73 +107,68 @@ def raw_receiver(port_q, stop) -> None:
         threading.Thread(target=serve, args=(conn,), daemon=True).start()
 
 
-def raw_client(port: int, n: int, payload: bytes, seed: int, barrier, out) -> None:
-    s = socket.create_connection(("127.0.0.1", port))
-    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    head = struct.pack("<Q", len(payload))
-    ack = bytearray(1)
+# ------------------------------------------------------------------------------------------------
+# Clients: one process each, alive for every phase, released together by a barrier per phase
 
-    def send(count: int) -> int:
+
+def client_main(address: str, raw_port: int, payload: bytes, args, phases: list[str], seed: int,
+                barrier, out) -> None:
+    from sampler_torch.client import RolloutClient, build_trajectory
+
+    arrays = behaviour_arrays(args.tokens, args.k, seed)
+    client = RolloutClient(address, TOKEN, group=f"bench-{seed % 2}", capacity=8, name=f"bench-{seed}",
+                           max_message_bytes=64 * 1024**2)
+    client.register()
+    sock = socket.create_connection(("127.0.0.1", raw_port))
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    head, ack = struct.pack("<Q", len(payload)), bytearray(1)
+
+    def raw(count: int) -> int:
         for _ in range(count):
-            s.sendall(head)
-            s.sendall(payload)
-            s.recv_into(ack, 1)
+            sock.sendall(head)
+            sock.sendall(payload)
+            sock.recv_into(ack, 1)
         return count
 
-    send(2)
-    barrier.wait()
-    t0 = time.perf_counter()
-    out.put((send(n), time.perf_counter() - t0))
-    s.close()
+    def grpc_submit(count: int, stream: bool) -> int:
+        sent = 0
+        while sent < count:
+            tasks = client.lease(min(8, count - sent)).tasks
+            if not tasks:
+                time.sleep(0.01)
+                continue
+            # Built from numpy arrays per sample, as a sampler does: encoding is part of the cost.
+            trajs = [build_trajectory(t, i, finish_reason="length", **arrays)
+                     for t in tasks for i in t.sample_indices]
+            results = client.submit_many(trajs) if stream else [client.submit(t) for t in trajs]
+            bad = [r for r in results if not r.accepted]
+            if bad:
+                raise RuntimeError(f"refused: {bad[0]}")
+            sent += len(trajs)
+        return sent
 
-
-def run_raw(args, payload: bytes) -> dict:
-    ctx = mp.get_context("spawn")
-    port_q, stop = ctx.Queue(), ctx.Event()
-    recv = ctx.Process(target=raw_receiver, args=(port_q, stop), daemon=True)
-    recv.start()
-    port = port_q.get(timeout=60)
-    try:
-        return _drive(raw_client, (port, args.per_client, payload), args.clients, len(payload))
-    finally:
-        stop.set()
-        recv.join(timeout=5)
-
-
-# ------------------------------------------------------------------------------------------------
-
-
-def _drive(target, fixed: tuple, clients: int, payload_bytes: int) -> dict:
-    """Start ``clients`` processes, release them together, time until the last one is done."""
-    ctx = mp.get_context("spawn")
-    barrier, out = ctx.Barrier(clients + 1), ctx.Queue()
-    procs = [ctx.Process(target=target, args=(*fixed, seed, barrier, out)) for seed in range(clients)]
-    for p in procs:
-        p.start()
-    barrier.wait(timeout=300)
-    t0 = time.perf_counter()
-    done = [out.get(timeout=600) for _ in procs]
-    wall = time.perf_counter() - t0
-    for p in procs:
-        p.join(timeout=60)
-        if p.exitcode != 0:
-            raise RuntimeError(f"a client failed (exit {p.exitcode})")
-    n = sum(d[0] for d in done)
-    return {"trajectories": n, "seconds": wall, "trajectories_per_s": n / wall,
-            "MB_per_s": n * payload_bytes / wall / 1e6}
+    run = {"raw": raw, "unary": lambda n: grpc_submit(n, False), "stream": lambda n: grpc_submit(n, True)}
+    for mode in run:  # warm-up: connections, first leases, numpy paths
+        run[mode](2)
+    for mode in phases:
+        barrier.wait()
+        out.put(run[mode](args.per_client))
+    sock.close()
+    client.close()
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--clients", type=int, default=8)
-    p.add_argument("--per-client", type=int, default=24, help="timed trajectories per client")
+    p.add_argument("--per-client", type=int, default=48, help="timed trajectories per client")
     p.add_argument("--tokens", type=int, default=4096)
     p.add_argument("--k", type=int, default=20)
-    p.add_argument("--quick", action="store_true", help="a smoke run: 2 clients, 4 trajectories each")
+    p.add_argument("--repeats", type=int, default=3, help="interleaved repetitions of each phase")
+    p.add_argument("--quick", action="store_true", help="a smoke run: 2 clients, 4 trajectories, 1 repeat")
     p.add_argument("--out", default=str(REPO / "benchmarks/results/bench_transport.json"))
     args = p.parse_args(argv)
     if args.quick:
-        args.clients, args.per_client = 2, 4
+        args.clients, args.per_client, args.repeats = 2, 4, 1
 
     from mixrl_wire import pb
     from sampler_torch.client import build_trajectory
@@ -231,25 +180,65 @@ def main(argv: list[str] | None = None) -> int:
     print(f"trajectory: {args.tokens} tokens, head K={args.k}, {len(payload) / 1e6:.3f} MB on the wire; "
           f"{args.clients} clients x {args.per_client}", flush=True)
 
-    raw = run_raw(args, payload)
-    print(f"raw socket:        {raw['trajectories_per_s']:8.1f} traj/s {raw['MB_per_s']:8.1f} MB/s",
-          flush=True)
-    unary = run_grpc(args, "unary", len(payload))
-    print(f"gRPC Submit:       {unary['trajectories_per_s']:8.1f} traj/s {unary['MB_per_s']:8.1f} MB/s "
-          f"ratio {unary['MB_per_s'] / raw['MB_per_s']:.3f}", flush=True)
-    stream = run_grpc(args, "stream", len(payload))
-    print(f"gRPC SubmitStream: {stream['trajectories_per_s']:8.1f} traj/s {stream['MB_per_s']:8.1f} MB/s "
-          f"ratio {stream['MB_per_s'] / raw['MB_per_s']:.3f}", flush=True)
+    # Phases interleave (raw, unary, stream, raw, ...) and repeat: the machine is shared, so a load
+    # spike hits all three alike, and the median over repeats is what is reported.
+    phases = ["raw", "unary", "stream"] * args.repeats
+    ctx = mp.get_context("spawn")
+    port_q, stop = ctx.Queue(), ctx.Event()
+    receiver = ctx.Process(target=raw_receiver, args=(port_q, stop), daemon=True)
+    receiver.start()
+    raw_port = port_q.get(timeout=60)
+    server, address, summary = start_serve(args)
+    barrier, out = ctx.Barrier(args.clients + 1), ctx.Queue()
+    procs = [ctx.Process(target=client_main,
+                         args=(address, raw_port, payload, args, phases, seed, barrier, out))
+             for seed in range(args.clients)]
+    for proc in procs:
+        proc.start()
+    runs: dict[str, list[dict]] = {"raw": [], "unary": [], "stream": []}
+    try:
+        for mode in phases:
+            barrier.wait(timeout=600)
+            t0 = time.perf_counter()
+            n = sum(out.get(timeout=600) for _ in procs)
+            wall = time.perf_counter() - t0
+            runs[mode].append({"trajectories": n, "seconds": wall, "trajectories_per_s": n / wall,
+                               "MB_per_s": n * len(payload) / wall / 1e6})
+            print(f"{mode:>6}: {n / wall:8.1f} traj/s {n * len(payload) / wall / 1e6:8.1f} MB/s", flush=True)
+        for proc in procs:
+            proc.join(timeout=60)
+            if proc.exitcode != 0:
+                raise RuntimeError(f"a client failed (exit {proc.exitcode})")
+    finally:
+        for proc in procs:
+            if proc.is_alive():
+                proc.kill()
+        server.terminate()
+        server.wait(timeout=60)
+        stop.set()
+        receiver.join(timeout=5)
+    served = json.loads(summary.read_text())
 
+    def median(mode: str) -> dict:
+        ordered = sorted(runs[mode], key=lambda r: r["MB_per_s"])
+        return {**ordered[len(ordered) // 2], "runs_MB_per_s": [r["MB_per_s"] for r in runs[mode]]}
+
+    raw, unary, stream = median("raw"), median("unary"), median("stream")
+    for name, r in (("gRPC Submit", unary), ("gRPC SubmitStream", stream)):
+        print(f"{name:>18}: {r['trajectories_per_s']:7.1f} traj/s {r['MB_per_s']:7.1f} MB/s, "
+              f"ratio to raw socket {r['MB_per_s'] / raw['MB_per_s']:.3f} (median of {args.repeats})")
     result = {
         "benchmark": "bench_transport",
         "command": "python benchmarks/bench_transport.py" + (" --quick" if args.quick else ""),
-        "config": {"clients": args.clients, "per_client": args.per_client, "tokens": args.tokens,
-                   "head_k": args.k, "vocab": VOCAB, "bytes_per_trajectory": len(payload)},
+        "config": {"clients": args.clients, "per_client": args.per_client, "repeats": args.repeats,
+                   "tokens": args.tokens, "head_k": args.k, "vocab": VOCAB,
+                   "bytes_per_trajectory": len(payload)},
         "raw_socket": raw, "grpc_unary": unary, "grpc_stream": stream,
         "ratio_unary": unary["MB_per_s"] / raw["MB_per_s"],
         "ratio_stream": stream["MB_per_s"] / raw["MB_per_s"],
         "target_ratio": 0.2,
+        "server": {"accepted": served["totals"].get("accepted", 0),
+                   "rejected": served["totals"].get("rejected", 0)},
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
                     "python": platform.python_version(), "loadavg_1m": os.getloadavg()[0]},
     }

@@ -44,12 +44,18 @@ def encode(values, dtype: str | np.dtype, out: pb.Array | None = None) -> pb.Arr
 
 def decode(msg: pb.Array, field: str, dtype: str | np.dtype, ndim: int) -> np.ndarray:
     """Decode ``msg`` expecting ``dtype`` and rank ``ndim``; ``ArrayError(field, ...)`` if not."""
+    # Each attribute access copies the bytes out of the message: read ``data`` once.
+    return decode_parts(msg.dtype, tuple(msg.shape), msg.data, field, dtype, ndim)
+
+
+def decode_parts(wire_dtype: int, shape: tuple[int, ...], data, field: str, dtype: str | np.dtype,
+                 ndim: int) -> np.ndarray:
+    """``decode`` from an array's parts (``data``: bytes or a memoryview, which is not copied)."""
     want = np.dtype(dtype)
-    got = _FROM_PB.get(msg.dtype)
+    got = _FROM_PB.get(wire_dtype)
     if got is None or got.kind != want.kind or got.itemsize != want.itemsize:
-        name = DTYPE_NAMES.get(msg.dtype, f"unknown dtype {msg.dtype}")
+        name = DTYPE_NAMES.get(wire_dtype, f"unknown dtype {wire_dtype}")
         raise ArrayError(field, f"dtype must be {want.name}, got {name}")
-    shape = tuple(msg.shape)
     if len(shape) != ndim:
         raise ArrayError(field, f"must have rank {ndim}, got shape {list(shape)}")
     if any(d < 0 for d in shape):
@@ -57,7 +63,7 @@ def decode(msg: pb.Array, field: str, dtype: str | np.dtype, ndim: int) -> np.nd
     n = 1
     for d in shape:
         n *= d
-    if n * got.itemsize != len(msg.data):
+    if n * got.itemsize != len(data):
         raise ArrayError(field, f"shape {list(shape)} needs {n * got.itemsize} bytes of {got.name}, "
-                                f"data has {len(msg.data)}")
-    return np.frombuffer(msg.data, dtype=got).reshape(shape)
+                                f"data has {len(data)}")
+    return np.frombuffer(data, dtype=got).reshape(shape)

@@ -255,7 +255,7 @@ class RolloutClient:
 
     def _presubmit(self, traj: pb.Trajectory) -> SubmitResult | None:
         traj.session_id = self.session_id or ""
-        size = traj.ByteSize()
+        size = _size_bound(traj)
         if size > self.max_message_bytes:
             return SubmitResult(traj.task_id, traj.sample_index, grpc.StatusCode.RESOURCE_EXHAUSTED,
                                 f"trajectory of {size} bytes exceeds the {self.max_message_bytes}-byte limit")
@@ -452,6 +452,19 @@ class RolloutClient:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         return fmt, final
+
+
+_ARRAY_FIELDS = ("token_ids", "loss_mask", "logprobs", "logprobs_full", "versions", "head_ids",
+                 "head_logprobs", "support_indptr", "support_ids", "support_logprobs")
+
+
+def _size_bound(traj: pb.Trajectory) -> int:
+    """An upper bound of the serialized size, without ``ByteSize()`` (as slow as serializing).
+
+    Array payloads and strings are exact; 1 KiB covers every tag, length prefix, shape and scalar.
+    """
+    return (1024 + sum(len(getattr(traj, f).data) for f in _ARRAY_FIELDS) + len(traj.session_id)
+            + len(traj.lease_id) + len(traj.finish_reason.encode()))
 
 
 class _Pseudo(grpc.RpcError):

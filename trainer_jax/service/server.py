@@ -23,10 +23,12 @@ from concurrent import futures
 from pathlib import Path
 
 import grpc
+from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from mixrl_wire import SERVICE_NAME, pb, pb_grpc
+from mixrl_wire.fastpath import WireTrajectory, decode_trajectory
 from trainer_jax.config import RunConfig, ServiceConfig
 from trainer_jax.service.auth import BearerTokenInterceptor, server_credentials
 from trainer_jax.service.buffer import TrajectoryBuffer
@@ -127,6 +129,29 @@ class _Servicer(pb_grpc.RolloutServicer):
 _CODES = {c.value[0]: c for c in grpc.StatusCode}
 
 
+def _add_servicer(servicer: _Servicer, server: grpc.Server) -> None:
+    """``add_RolloutServicer_to_server``, except that Submit and SubmitStream receive raw bytes.
+
+    The submit path decodes trajectories itself without copying their arrays
+    (``mixrl_wire.fastpath``); every other method uses the generated (de)serializers.
+    """
+    handlers = {}
+    for method in pb.DESCRIPTOR.services_by_name["Rollout"].methods:
+        req = getattr(pb, method.input_type.name)
+        resp = getattr(pb, method.output_type.name)
+        raw = method.name in ("Submit", "SubmitStream")
+        make = {(False, False): grpc.unary_unary_rpc_method_handler,
+                (False, True): grpc.unary_stream_rpc_method_handler,
+                (True, False): grpc.stream_unary_rpc_method_handler,
+                (True, True): grpc.stream_stream_rpc_method_handler}[
+            (method.client_streaming, method.server_streaming)]
+        handlers[method.name] = make(getattr(servicer, method.name),
+                                     request_deserializer=None if raw else req.FromString,
+                                     response_serializer=resp.SerializeToString)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
+    server.add_registered_method_handlers(SERVICE_NAME, handlers)
+
+
 class RolloutService:
     """The trainer-side rollout service; see the module docstring for the API."""
 
@@ -176,7 +201,7 @@ class RolloutService:
                                                         thread_name_prefix="mixrl-rpc"),
                              interceptors=[auth], options=options,
                              maximum_concurrent_rpcs=limits.max_concurrent_rpcs)
-        pb_grpc.add_RolloutServicer_to_server(_Servicer(self), server)
+        _add_servicer(_Servicer(self), server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         reflection.enable_server_reflection(
             (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
@@ -292,8 +317,18 @@ class RolloutService:
         with self.scheduler.lock:
             self.scheduler.totals["unauthenticated"] += 1
 
-    def _submit(self, msg: pb.Trajectory) -> pb.SubmitAck:
-        """One submission end to end; never raises (the ack carries the outcome)."""
+    def _submit(self, msg: bytes | pb.Trajectory | WireTrajectory) -> pb.SubmitAck:
+        """One submission end to end; never raises (the ack carries the outcome).
+
+        ``msg``: the serialized ``Trajectory`` as received (decoded here without copying its
+        arrays), or an already decoded message.
+        """
+        if isinstance(msg, bytes | bytearray | memoryview):
+            try:
+                msg = decode_trajectory(msg)
+            except DecodeError as e:
+                return pb.SubmitAck(code=_code(grpc.StatusCode.INVALID_ARGUMENT),
+                                    reason=f"message: not a valid mixrl.v1.Trajectory ({e})")
         ack = pb.SubmitAck(task_id=msg.task_id, sample_index=msg.sample_index)
         sched = self.scheduler
         try:

@@ -149,10 +149,12 @@ class ArithmeticTasks:
 
     def score(self, task: TaskSpec, record: TrajectoryRecord) -> float:
         """1 when the reply is exactly the answer followed by ``<eos>`` (the environment's rule)."""
-        tokens = [int(t) for t in record.policy_token_ids()]
-        if not tokens or tokens[-1] != self.eos:
+        tokens = record.policy_token_ids()
+        # Cheap rejections first: this runs on the service's hot path for every sample.
+        if not len(tokens) or int(tokens[-1]) != self.eos or len(tokens) > len(task.private) + 1:
             return 0.0
-        return 1.0 if self.tokenizer.decode(tokens[:-1]) == task.private else 0.0
+        text = self.tokenizer.decode(tokens[:-1].tolist(), skip_special_tokens=False)
+        return 1.0 if text == task.private else 0.0
 
 
 @register_task_source("arithmetic")

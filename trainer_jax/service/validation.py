@@ -15,7 +15,8 @@ import math
 import numpy as np
 
 from mixrl_wire import pb
-from mixrl_wire.arrays import ArrayError, decode
+from mixrl_wire.arrays import ArrayError, decode_parts
+from mixrl_wire.fastpath import WireTrajectory, from_message
 
 # Rounding slack for "log-probabilities are <= 0": log_softmax of a peaked distribution can come
 # out at +1e-7 in float32, which is not a malformed record.
@@ -98,11 +99,12 @@ def _ids_in_range(field: str, x: np.ndarray, vocab: int) -> None:
                                      f"[{int(x.min())}, {int(x.max())}]")
 
 
-def _arr(msg: pb.Trajectory, field: str, dtype: str, ndim: int) -> np.ndarray:
-    if not msg.HasField(field):
+def _arr(msg: WireTrajectory, field: str, dtype: str, ndim: int) -> np.ndarray:
+    a = msg.arrays.get(field)
+    if a is None:
         raise ValidationError(field, "missing")
     try:
-        return decode(getattr(msg, field), field, dtype, ndim)
+        return decode_parts(a.dtype, a.shape, a.data, field, dtype, ndim)
     except ArrayError as e:
         raise ValidationError(e.field, str(e).split(": ", 1)[1]) from None
 
@@ -112,8 +114,14 @@ def _expect_shape(field: str, x: np.ndarray, shape: tuple[int, ...]) -> None:
         raise ValidationError(field, f"shape {list(x.shape)} does not match the expected {list(shape)}")
 
 
-def validate_trajectory(msg: pb.Trajectory, ctx: ValidationContext) -> TrajectoryRecord:
-    """Decode and check ``msg`` against ``ctx``; raise ``ValidationError`` naming the field."""
+def validate_trajectory(msg: pb.Trajectory | WireTrajectory, ctx: ValidationContext) -> TrajectoryRecord:
+    """Decode and check ``msg`` against ``ctx``; raise ``ValidationError`` naming the field.
+
+    ``msg``: a protobuf message, or the zero-copy view ``mixrl_wire.fastpath`` decodes on the
+    service's hot path (the record's arrays are then views of the received bytes).
+    """
+    if isinstance(msg, pb.Trajectory):
+        msg = from_message(msg)
     tokens = _arr(msg, "token_ids", "int32", 1)
     n_tokens = tokens.shape[0]
     if n_tokens == 0:
@@ -148,31 +156,30 @@ def validate_trajectory(msg: pb.Trajectory, ctx: ValidationContext) -> Trajector
     if int(versions.max()) > ctx.current_version:
         raise ValidationError("versions", f"version {int(versions.max())} is from the future (latest "
                                           f"published is {ctx.current_version})")
-    if p > 1 and bool((np.diff(versions) < 0).any()):
+    if p > 1 and bool((versions[1:] < versions[:-1]).any()):
         raise ValidationError("versions", "versions must not decrease along the trajectory")
 
     head_ids = _arr(msg, "head_ids", "int32", 2)
     _expect_shape("head_ids", head_ids, (p, ctx.head_k))
     _ids_in_range("head_ids", head_ids, ctx.vocab_size)
-    if ctx.head_k > 1 and bool((np.diff(np.sort(head_ids, axis=1), axis=1) == 0).any()):
+    if ctx.head_k > 1 and _rows_have_repeats(head_ids):
         raise ValidationError("head_ids", "ids within a token's head must be unique")
     head_lp = _arr(msg, "head_logprobs", "float32", 2)
     _expect_shape("head_logprobs", head_lp, (p, ctx.head_k))
     _finite_logprobs("head_logprobs", head_lp)
-    if ctx.head_k > 1 and bool((np.diff(head_lp, axis=1) > 0).any()):
+    if ctx.head_k > 1 and bool((head_lp[:, 1:] > head_lp[:, :-1]).any()):
         raise ValidationError("head_logprobs", "each token's head must be sorted by descending logprob")
 
     sampled = tokens[policy]
     support = _validate_support(msg, ctx, p, sampled)
 
-    reward = msg.reward if msg.HasField("reward") else None
+    reward = msg.reward
     if reward is not None and not math.isfinite(reward):
         raise ValidationError("reward", "must be finite")
     if len(msg.finish_reason) > MAX_FINISH_REASON or not msg.finish_reason.isprintable():
         raise ValidationError("finish_reason", f"must be printable and at most {MAX_FINISH_REASON} chars")
-    timings = msg.timings
     for name in ("queue_ms", "generate_ms"):
-        v = getattr(timings, name)
+        v = getattr(msg, name)
         if not math.isfinite(v) or v < 0:
             raise ValidationError(f"timings.{name}", "must be finite and >= 0")
 
@@ -181,16 +188,24 @@ def validate_trajectory(msg: pb.Trajectory, ctx: ValidationContext) -> Trajector
         logprobs=logprobs, logprobs_full=logprobs_full, versions=versions, head_ids=head_ids,
         head_logprobs=head_lp, support_indptr=support[0], support_ids=support[1],
         support_logprobs=support[2], reward=reward, sampler_reward=reward,
-        finish_reason=msg.finish_reason, queue_ms=timings.queue_ms, generate_ms=timings.generate_ms,
-        nbytes=msg.ByteSize())
+        finish_reason=msg.finish_reason, queue_ms=msg.queue_ms, generate_ms=msg.generate_ms,
+        nbytes=512 + sum(a.nbytes for a in (tokens, mask, logprobs, logprobs_full, versions, head_ids,
+                                            head_lp, *(x for x in support if x is not None))))
 
 
-def _validate_support(msg: pb.Trajectory, ctx: ValidationContext, p: int, sampled: np.ndarray):
+
+def _rows_have_repeats(ids: np.ndarray) -> bool:
+    """Whether any row of ``ids`` [P, K] holds an id twice (sort each row, compare neighbours)."""
+    s = np.sort(ids, axis=1)
+    return bool((s[:, 1:] == s[:, :-1]).any())
+
+
+def _validate_support(msg: WireTrajectory, ctx: ValidationContext, p: int, sampled: np.ndarray):
     fields = ("support_indptr", "support_ids", "support_logprobs")
-    present = [msg.HasField(f) for f in fields]
+    present = [f in msg.arrays for f in fields]
     if not ctx.truncation:
         for f, has in zip(fields, present, strict=True):
-            if has and len(getattr(msg, f).data):
+            if has and len(msg.arrays[f].data):
                 raise ValidationError(f, "must be empty: the task's sampling has no truncation")
         return None, None, None
     for f, has in zip(fields, present, strict=True):
@@ -213,7 +228,7 @@ def _validate_support(msg: pb.Trajectory, ctx: ValidationContext, p: int, sample
     # the sampled token is in its row iff its key is among them.
     rows = np.repeat(np.arange(p, dtype=np.int64), lengths)
     keys = np.sort(rows * ctx.vocab_size + ids)
-    if nnz > 1 and bool((np.diff(keys) == 0).any()):
+    if nnz > 1 and bool((keys[1:] == keys[:-1]).any()):
         raise ValidationError("support_ids", "ids within a token's support must be unique")
     want = np.arange(p, dtype=np.int64) * ctx.vocab_size + sampled
     pos = np.minimum(np.searchsorted(keys, want), nnz - 1)
