@@ -21,7 +21,6 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +29,7 @@ from convert.atomic import atomic_directory
 from convert.formats import Codec, get_codec, is_quantized_weight, module_of, unquantized_modules
 from convert.formats.numerics import QuantizationError, check_finite, to_bf16
 from convert.hf_checkpoint import DEFAULT_MAX_SHARD_BYTES, write_hf_checkpoint
-from convert.manifest import sha256_file, write_manifest
+from convert.manifest import write_manifest
 from convert.qwen3_config import Qwen3Config, hf_tensor_shapes
 
 Tensors = Iterable[tuple[str, np.ndarray]]
@@ -192,16 +191,13 @@ def export_hf(tensors: Tensors, hf_config: Mapping, out_dir: str | os.PathLike, 
     extra = codec.extra_files(unquantized_modules(cfg), kv_cache_fp8=bool(kv_scales))
     out_dir = Path(out_dir)
     started = time.time()
-    # Shards are hashed on their own thread as soon as each is written, overlapping the next
-    # shard's quantization (sha256 runs at well under 1 GB/s per core: serially it would cost
-    # as much as the write itself).
-    digests: list[Future] = []
-    with ThreadPoolExecutor(1, thread_name_prefix="mixrl-hash") as hasher, \
-            atomic_directory(out_dir, overwrite=overwrite) as stage:
+    # Shards are hashed while they are written (write_file feeds a hasher on a second thread):
+    # sha256 runs at ~1 GB/s per core, so a separate pass would cost as much as the write.
+    digests: list[str] = []
+    with atomic_directory(out_dir, overwrite=overwrite) as stage:
 
-        def hash_shard(part: Path) -> None:
-            fd = os.open(part, os.O_RDONLY)  # opened now: the file is renamed at the end
-            digests.append(hasher.submit(sha256_file, fd))
+        def hash_shard(part: Path, sha256: str) -> None:
+            digests.append(sha256)
 
         stream = convert_tensors(tensors, cfg, codec, kv_scales=kv_scales, input_amax=input_amax,
                                  progress=progress)
@@ -214,9 +210,7 @@ def export_hf(tensors: Tensors, hf_config: Mapping, out_dir: str | os.PathLike, 
                                 overwrite=True, on_shard=hash_shard)
         finally:
             fetched.close()  # on error: stop the producer thread now, not at garbage collection
-            wait(digests)  # no hash may still be reading when the stage is removed
-        done = [d.result() for d in digests]
-        known = {shard_name(i + 1, len(done)): d for i, d in enumerate(done)}
+        known = {shard_name(i + 1, len(digests)): d for i, d in enumerate(digests)}
         write_manifest(stage, known=known, format=codec.name, model_type=cfg.model_type,
                        created_unix=round(started, 3), **dict(metadata or {}))
     return out_dir

@@ -7,6 +7,7 @@ place when complete (``convert.atomic``), so a reader never sees half a checkpoi
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -125,16 +126,16 @@ def write_hf_checkpoint(
     copy_files_from: str | os.PathLike | None = None,
     extra_json: Mapping[str, Mapping] | None = None,
     overwrite: bool = False,
-    on_shard: Callable[[Path], object] | None = None,
+    on_shard: Callable[[Path, str], object] | None = None,
 ) -> Path:
     """Write an HF checkpoint directory atomically; return its path.
 
     ``tensors`` is consumed lazily; at most one shard's worth of arrays is held at a time.
     ``copy_files_from`` copies tokenizer and generation files through (``PASSTHROUGH_FILES``);
     ``extra_json`` writes further JSON files (e.g. ``hf_quant_config.json``).
-    ``on_shard(path)`` is called as soon as each shard file is complete, in order, with its
-    temporary name (shard ``i`` is renamed ``model-{i+1:05d}-of-{n:05d}.safetensors`` at the end),
-    e.g. to hash it while the next shard is produced.
+    ``on_shard(path, sha256_hex)`` is called as soon as each shard file is complete, in order,
+    with its temporary name (shard ``i`` is renamed ``model-{i+1:05d}-of-{n:05d}.safetensors``
+    at the end) and its sha256, computed while it was written (for manifests).
     """
     path = Path(path)
     with atomic_directory(path, overwrite=overwrite) as tmp:
@@ -148,10 +149,11 @@ def write_hf_checkpoint(
             nonlocal pending, pending_bytes
             if pending:
                 part = tmp / f"shard-{len(shards):05d}.part"
-                write_file(part, pending, {"format": "pt"})
+                hasher = hashlib.sha256() if on_shard is not None else None
+                write_file(part, pending, {"format": "pt"}, hasher=hasher)
                 shards.append(list(pending))
                 if on_shard is not None:
-                    on_shard(part)
+                    on_shard(part, hasher.hexdigest())
                 pending, pending_bytes = {}, 0
 
         for name, arr in tensors:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+import threading
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -132,10 +133,12 @@ class SafetensorsFile:
 
 
 def write_file(path: str | os.PathLike, tensors: Mapping[str, np.ndarray],
-               metadata: Mapping[str, str] | None = None) -> int:
+               metadata: Mapping[str, str] | None = None, *, hasher=None) -> int:
     """Write ``tensors`` to ``path`` as one safetensors file; returns the bytes written.
 
-    Writes to ``path + ".tmp"`` and renames, so a reader never sees a partial file.
+    Writes to ``path + ".tmp"`` and renames, so a reader never sees a partial file. A
+    ``hasher`` (e.g. ``hashlib.sha256()``) is fed every byte of the file on a second thread
+    while the writes run (both release the GIL), so hashing costs no extra pass.
     """
     path = Path(path)
     header: dict[str, object] = {}
@@ -152,16 +155,26 @@ def write_file(path: str | os.PathLike, tensors: Mapping[str, np.ndarray],
         arrays.append(arr)
     blob = json.dumps(header, separators=(",", ":")).encode()
     blob += b" " * (-len(blob) % 8)  # data starts 8-byte aligned, as the reference writer does
+    chunks = [struct.pack("<Q", len(blob)), blob]
+    for arr in arrays:
+        arr = np.ascontiguousarray(arr)
+        if arr.dtype.byteorder == ">":
+            arr = arr.astype(arr.dtype.newbyteorder("<"))
+        # Write the array's own buffer: .tobytes() would copy every tensor once more.
+        chunks.append(memoryview(arr.reshape(-1).view(np.uint8)))
+    hashing = None
+    if hasher is not None:
+        hashing = threading.Thread(target=lambda: [hasher.update(c) for c in chunks],
+                                   name="safetensors-hash")
+        hashing.start()
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(struct.pack("<Q", len(blob)))
-        f.write(blob)
-        for arr in arrays:
-            arr = np.ascontiguousarray(arr)
-            if arr.dtype.byteorder == ">":
-                arr = arr.astype(arr.dtype.newbyteorder("<"))
-            # Write the array's own buffer: .tobytes() would copy every tensor once more.
-            f.write(memoryview(arr.reshape(-1).view(np.uint8)))
+    try:
+        with open(tmp, "wb") as f:
+            for chunk in chunks:
+                f.write(chunk)
+    finally:
+        if hashing is not None:
+            hashing.join()
     os.replace(tmp, path)
     return 8 + len(blob) + offset
 

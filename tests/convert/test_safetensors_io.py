@@ -57,3 +57,12 @@ def test_truncated_file_is_refused_with_its_name(tmp_path):
     path.write_bytes(data[:-3])
     with pytest.raises(SafetensorsError, match="c.safetensors.*truncated"):
         SafetensorsFile(path)
+
+
+def test_hash_while_writing_equals_the_file_hash(tmp_path):
+    import hashlib
+
+    h = hashlib.sha256()
+    path = tmp_path / "d.safetensors"
+    write_file(path, _arrays(), {"format": "pt"}, hasher=h)
+    assert h.hexdigest() == hashlib.sha256(path.read_bytes()).hexdigest()
