@@ -16,6 +16,7 @@ from flax import nnx
 
 from convert.qwen3_config import Qwen3Config
 from trainer_jax.models.grouped_matmul import grouped_matmul
+from trainer_jax.parallel import hooks  # no-ops unless a device mesh is active (docs/scale_out.md)
 
 Array = jax.Array
 
@@ -84,6 +85,9 @@ class Attention(nnx.Module):
         q = self.q_norm(self.q_proj(x).reshape(b, t, self.num_heads, hd))
         k = self.k_norm(self.k_proj(x).reshape(b, t, k_heads, hd))
         v = self.v_proj(x).reshape(b, t, k_heads, hd)
+        q = hooks.constrain(q, ("batch", "seq", "heads", None))
+        k = hooks.constrain(k, ("batch", "seq", "kv_heads", None))
+        v = hooks.constrain(v, ("batch", "seq", "kv_heads", None))
         cos, sin = rope_cos_sin(positions, hd, self.rope_theta)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         # GQA without repeating K/V: group the G query heads that share one K/V head.
@@ -105,7 +109,8 @@ class MLP(nnx.Module):
         self.down_proj = _linear(f, d, dtype, param_dtype, rngs)
 
     def __call__(self, x: Array) -> Array:
-        return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+        hidden = hooks.constrain(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x), ("batch", "seq", "mlp"))
+        return self.down_proj(hidden)
 
 
 class MoE(nnx.Module):
@@ -129,28 +134,38 @@ class MoE(nnx.Module):
         self.up_proj = nnx.Param(init(rngs.params(), (e, d, f), param_dtype))
         self.down_proj = nnx.Param(init(rngs.params(), (e, f, d), param_dtype))
 
-    def __call__(self, x: Array) -> Array:
-        b, t, d = x.shape
-        tokens = x.reshape(b * t, d)
+    def route(self, tokens: Array) -> tuple[Array, Array]:
+        """Top-k combine weights ``[N, k]`` (in the tokens' dtype) and expert ids ``[N, k]``."""
         logits = self.gate(tokens)
         probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
         weights, experts = jax.lax.top_k(probs, self.top_k)  # [N, k]
         if self.norm_topk_prob:
             weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
-        weights = weights.astype(x.dtype)  # transformers casts back before the weighted sum
+        return weights.astype(tokens.dtype), experts  # transformers casts back before the sum
 
-        flat_experts = experts.reshape(-1)
-        order = jnp.argsort(flat_experts, stable=True)
-        token_of_copy = order // self.top_k
-        group_sizes = jnp.bincount(flat_experts, length=self.num_experts).astype(jnp.int32)
-        xs = tokens[token_of_copy].astype(self.dtype)
+    def expert_ffn(self, xs: Array, group_sizes: Array) -> Array:
+        """SwiGLU of rows ``xs`` sorted by expert (``group_sizes[e]`` rows for expert e)."""
 
         def experts_matmul(inputs, param):
             return grouped_matmul(inputs, param.get_value().astype(self.dtype), group_sizes,
                                   impl=self.moe_impl).astype(self.dtype)
 
         hidden = jax.nn.silu(experts_matmul(xs, self.gate_proj)) * experts_matmul(xs, self.up_proj)
-        out = experts_matmul(hidden, self.down_proj)
+        return experts_matmul(hidden, self.down_proj)
+
+    def __call__(self, x: Array) -> Array:
+        if (dispatch := hooks.override("moe")) is not None:  # expert-parallel on a device mesh
+            return dispatch(self, x)
+        b, t, d = x.shape
+        tokens = x.reshape(b * t, d)
+        weights, experts = self.route(tokens)
+
+        flat_experts = experts.reshape(-1)
+        order = jnp.argsort(flat_experts, stable=True)
+        token_of_copy = order // self.top_k
+        group_sizes = jnp.bincount(flat_experts, length=self.num_experts).astype(jnp.int32)
+        xs = tokens[token_of_copy].astype(self.dtype)
+        out = self.expert_ffn(xs, group_sizes)
         out = out * weights.reshape(-1)[order][:, None]
         return jnp.zeros_like(tokens).at[token_of_copy].add(out.astype(x.dtype)).reshape(b, t, d)
 
@@ -210,9 +225,9 @@ class Qwen3(nnx.Module):
         same = segment_ids[:, :, None] == segment_ids[:, None, :]
         # A padding query (segment 0) still attends to itself so its softmax row is finite.
         mask = (causal & same & (segment_ids[:, None, :] != 0)) | (idx[:, None] == idx[None, :])
-        x = self.embed_tokens(input_ids)
+        x = hooks.constrain(self.embed_tokens(input_ids), ("batch", "seq", "act_embed"))
         for layer in self.layers:
-            x = layer(x, positions, mask)
+            x = hooks.constrain(layer(x, positions, mask), ("batch", "seq", "act_embed"))
         return self.norm(x)
 
     def __call__(self, input_ids: Array, *, positions: Array | None = None,

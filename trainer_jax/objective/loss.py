@@ -38,6 +38,7 @@ from trainer_jax.objective.config import ObjectiveConfig
 from trainer_jax.objective.logits import default_block_size, lse_and_logits_at
 from trainer_jax.objective.metrics import Metric, Metrics, token_metrics
 from trainer_jax.objective.weights import IMPORTANCE_WEIGHTS, SCORE_CENTERING
+from trainer_jax.parallel import hooks
 
 Array = jax.Array
 sg = jax.lax.stop_gradient
@@ -93,7 +94,9 @@ def token_terms(hidden: Array, lm_head: Array, batch: TokenBatch, config: Object
     in_vocab = (ids >= 0) & (ids < v)
     safe_ids = jnp.where(in_vocab, ids, 0)
     block = config.gather_block_size or default_block_size(n, d, ids.shape[1])
-    lse, entropy, z = lse_and_logits_at(
+    # On a device mesh the vocabulary-parallel version (trainer_jax.parallel.vocab) takes over.
+    lse_fn = hooks.override("lse_and_logits_at") or lse_and_logits_at
+    lse, entropy, z = lse_fn(
         hidden, lm_head, safe_ids, batch.temperature, config.impl, block, config.kernel_options
     )
     z_x, z_head, z_sup = z[:, 0], z[:, 1 : 1 + k], z[:, 1 + k :]

@@ -1,0 +1,55 @@
+"""``ParallelContext``: the mesh and rules a sharded trace runs under (the ``hooks`` provider)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any
+
+import jax
+from jax.sharding import Mesh
+
+from trainer_jax.parallel import hooks
+from trainer_jax.parallel.rules import ShardingRules
+
+
+@dataclasses.dataclass(frozen=True)
+class ParallelContext:
+    """Mesh + rules; while active (``with ctx.use():``) the model and loss run sharded.
+
+    ``expert_parallel`` / ``vocab_parallel`` switch the two ``shard_map`` implementations off (the
+    partitioner then derives a correct but all-gathering program), for comparisons.
+    """
+
+    mesh: Mesh
+    rules: ShardingRules
+    expert_parallel: bool = True
+    vocab_parallel: bool = True
+
+    def constrain(self, x: jax.Array, logical_axes: Sequence[str | None]) -> jax.Array:
+        return jax.lax.with_sharding_constraint(x, self.rules.sharding(logical_axes, x.shape, self.mesh))
+
+    def override(self, name: str) -> Callable[..., Any] | None:
+        if name == "moe" and self.expert_parallel:
+            from trainer_jax.parallel.moe import moe_forward
+
+            return partial(moe_forward, self)
+        if name == "lse_and_logits_at" and self.vocab_parallel:
+            from trainer_jax.parallel.vocab import vocab_parallel_lse_and_logits_at
+
+            return partial(vocab_parallel_lse_and_logits_at, self)
+        return None
+
+    def use(self):
+        """Context manager activating this context's hooks in the current thread."""
+        return hooks.use(self)
+
+
+def linear_axis_index(axes: Sequence[str], mesh: Mesh) -> jax.Array:
+    """Inside ``shard_map``: this device's shard index along a dimension split over ``axes``
+    (major to minor, the PartitionSpec order)."""
+    index = jax.numpy.int32(0)
+    for axis in axes:
+        index = index * mesh.shape[axis] + jax.lax.axis_index(axis)
+    return index
