@@ -6,7 +6,9 @@ real ``mixrl-train serve`` process over gRPC on 127.0.0.1, which validates every
 drops them. Each client leases its tasks, builds each message from numpy arrays (as a sampler
 would) and submits it, one unary call at a time; a second gRPC pass uses one ``SubmitStream`` per
 leased batch. The baseline sends the identical serialized bytes, length-prefixed, from 8 processes
-to one receiving process over plain TCP sockets and waits for a 1-byte ack per message.
+to one receiving process over plain TCP sockets and waits for a 1-byte ack per message. A fourth
+phase sends the same bytes to a gRPC method that does nothing with them: the ceiling of Python
+gRPC on this machine, so the report separates gRPC's own cost from the trajectory path's.
 
     .venv/bin/python benchmarks/bench_transport.py [--clients 8] [--per-client 48] [--quick]
         [--out benchmarks/results/bench_transport.json]
@@ -107,12 +109,32 @@ def raw_receiver(port_q, stop) -> None:
         threading.Thread(target=serve, args=(conn,), daemon=True).start()
 
 
+def opaque_server(port_q) -> None:
+    """The gRPC ceiling: a method that takes the same bytes unparsed and answers a 2-byte ack."""
+    from concurrent import futures
+
+    import grpc
+
+    from mixrl_wire import BULK_CHANNEL_OPTIONS
+
+    handler = grpc.unary_unary_rpc_method_handler(lambda request, context: b"ok")
+    server = grpc.server(futures.ThreadPoolExecutor(32),
+                         options=[("grpc.max_receive_message_length", 64 * 1024**2), *BULK_CHANNEL_OPTIONS])
+    server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler("bench.Opaque", {"Put": handler})])
+    port_q.put(server.add_insecure_port("127.0.0.1:0"))
+    server.start()
+    server.wait_for_termination()
+
+
 # ------------------------------------------------------------------------------------------------
 # Clients: one process each, alive for every phase, released together by a barrier per phase
 
 
-def client_main(address: str, raw_port: int, payload: bytes, args, phases: list[str], seed: int,
-                barrier, out) -> None:
+def client_main(address: str, raw_port: int, opaque_port: int, payload: bytes, args, phases: list[str],
+                seed: int, barrier, out) -> None:
+    import grpc
+
+    from mixrl_wire import BULK_CHANNEL_OPTIONS
     from sampler_torch.client import RolloutClient, build_trajectory
 
     arrays = behaviour_arrays(args.tokens, args.k, seed)
@@ -122,6 +144,14 @@ def client_main(address: str, raw_port: int, payload: bytes, args, phases: list[
     sock = socket.create_connection(("127.0.0.1", raw_port))
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     head, ack = struct.pack("<Q", len(payload)), bytearray(1)
+    put = grpc.insecure_channel(f"127.0.0.1:{opaque_port}", options=[
+        ("grpc.max_send_message_length", 64 * 1024**2), *BULK_CHANNEL_OPTIONS],
+    ).unary_unary("/bench.Opaque/Put")
+
+    def opaque(count: int) -> int:
+        for _ in range(count):
+            put(payload)
+        return count
 
     def raw(count: int) -> int:
         for _ in range(count):
@@ -147,7 +177,8 @@ def client_main(address: str, raw_port: int, payload: bytes, args, phases: list[
             sent += len(trajs)
         return sent
 
-    run = {"raw": raw, "unary": lambda n: grpc_submit(n, False), "stream": lambda n: grpc_submit(n, True)}
+    run = {"raw": raw, "opaque": opaque, "unary": lambda n: grpc_submit(n, False),
+           "stream": lambda n: grpc_submit(n, True)}
     for mode in run:  # warm-up: connections, first leases, numpy paths
         run[mode](2)
     for mode in phases:
@@ -182,20 +213,23 @@ def main(argv: list[str] | None = None) -> int:
 
     # Phases interleave (raw, unary, stream, raw, ...) and repeat: the machine is shared, so a load
     # spike hits all three alike, and the median over repeats is what is reported.
-    phases = ["raw", "unary", "stream"] * args.repeats
+    phases = ["raw", "opaque", "unary", "stream"] * args.repeats
     ctx = mp.get_context("spawn")
     port_q, stop = ctx.Queue(), ctx.Event()
     receiver = ctx.Process(target=raw_receiver, args=(port_q, stop), daemon=True)
     receiver.start()
     raw_port = port_q.get(timeout=60)
+    opaque = ctx.Process(target=opaque_server, args=(port_q,), daemon=True)
+    opaque.start()
+    opaque_port = port_q.get(timeout=60)
     server, address, summary = start_serve(args)
     barrier, out = ctx.Barrier(args.clients + 1), ctx.Queue()
     procs = [ctx.Process(target=client_main,
-                         args=(address, raw_port, payload, args, phases, seed, barrier, out))
+                         args=(address, raw_port, opaque_port, payload, args, phases, seed, barrier, out))
              for seed in range(args.clients)]
     for proc in procs:
         proc.start()
-    runs: dict[str, list[dict]] = {"raw": [], "unary": [], "stream": []}
+    runs: dict[str, list[dict]] = {"raw": [], "opaque": [], "unary": [], "stream": []}
     try:
         for mode in phases:
             barrier.wait(timeout=600)
@@ -217,14 +251,15 @@ def main(argv: list[str] | None = None) -> int:
         server.wait(timeout=60)
         stop.set()
         receiver.join(timeout=5)
+        opaque.kill()
     served = json.loads(summary.read_text())
 
     def median(mode: str) -> dict:
         ordered = sorted(runs[mode], key=lambda r: r["MB_per_s"])
         return {**ordered[len(ordered) // 2], "runs_MB_per_s": [r["MB_per_s"] for r in runs[mode]]}
 
-    raw, unary, stream = median("raw"), median("unary"), median("stream")
-    for name, r in (("gRPC Submit", unary), ("gRPC SubmitStream", stream)):
+    raw, opaque_r, unary, stream = median("raw"), median("opaque"), median("unary"), median("stream")
+    for name, r in (("gRPC opaque bytes", opaque_r), ("gRPC Submit", unary), ("gRPC SubmitStream", stream)):
         print(f"{name:>18}: {r['trajectories_per_s']:7.1f} traj/s {r['MB_per_s']:7.1f} MB/s, "
               f"ratio to raw socket {r['MB_per_s'] / raw['MB_per_s']:.3f} (median of {args.repeats})")
     result = {
@@ -233,9 +268,12 @@ def main(argv: list[str] | None = None) -> int:
         "config": {"clients": args.clients, "per_client": args.per_client, "repeats": args.repeats,
                    "tokens": args.tokens, "head_k": args.k, "vocab": VOCAB,
                    "bytes_per_trajectory": len(payload)},
-        "raw_socket": raw, "grpc_unary": unary, "grpc_stream": stream,
+        "raw_socket": raw, "grpc_opaque_bytes": opaque_r, "grpc_unary": unary, "grpc_stream": stream,
         "ratio_unary": unary["MB_per_s"] / raw["MB_per_s"],
         "ratio_stream": stream["MB_per_s"] / raw["MB_per_s"],
+        # The gRPC ceiling on this machine, and how much of it the trajectory path keeps.
+        "ratio_opaque_bytes": opaque_r["MB_per_s"] / raw["MB_per_s"],
+        "stream_vs_opaque": stream["MB_per_s"] / opaque_r["MB_per_s"],
         "target_ratio": 0.2,
         "server": {"accepted": served["totals"].get("accepted", 0),
                    "rejected": served["totals"].get("rejected", 0)},

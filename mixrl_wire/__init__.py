@@ -10,4 +10,14 @@ from mixrl_wire.v1 import rollout_pb2_grpc as pb_grpc
 
 SERVICE_NAME = "mixrl.v1.Rollout"
 
-__all__ = ["SERVICE_NAME", "pb", "pb_grpc"]
+# HTTP/2 settings for channels that carry trajectories (hundreds of kB each) on both ends: the
+# largest frames HTTP/2 allows and a large write buffer cut per-frame work; BDP probing is off
+# because the windows it grows toward are reached at once with these. Measured with
+# benchmarks/bench_transport.py: ~+25% MB/s for opaque payloads on loopback.
+BULK_CHANNEL_OPTIONS = (
+    ("grpc.http2.max_frame_size", 16_777_215),
+    ("grpc.http2.write_buffer_size", 8 * 1024**2),
+    ("grpc.http2.bdp_probe", 0),
+)
+
+__all__ = ["BULK_CHANNEL_OPTIONS", "SERVICE_NAME", "pb", "pb_grpc"]

@@ -33,7 +33,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 
-from mixrl_wire import pb, pb_grpc
+from mixrl_wire import BULK_CHANNEL_OPTIONS, pb, pb_grpc
 from mixrl_wire.arrays import encode
 
 log = logging.getLogger("mixrl.client")
@@ -141,6 +141,7 @@ class RolloutClient:
             ("grpc.keepalive_time_ms", 20_000),
             ("grpc.keepalive_timeout_ms", 10_000),
             ("grpc.keepalive_permit_without_calls", 1),
+            *BULK_CHANNEL_OPTIONS,
             # Reconnect quickly after a trainer restart (gRPC's default backoff reaches 120 s).
             ("grpc.initial_reconnect_backoff_ms", 100),
             ("grpc.min_reconnect_backoff_ms", 100),

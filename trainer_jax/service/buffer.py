@@ -52,6 +52,9 @@ class TrajectoryBuffer:
         self.held_bytes = 0
         self.taken_groups = 0
         self.taken_trajectories = 0
+        # How many groups each blocked taker waits for: a push wakes them only when the smallest
+        # of these is reached, not once per group (each wake-up costs the submit path the GIL).
+        self._needs: list[int] = []
 
     def fits(self, nbytes: int) -> bool:
         with self._cond:
@@ -65,7 +68,8 @@ class TrajectoryBuffer:
     def push_ready(self, group: TrajectoryGroup) -> None:
         with self._cond:
             self._ready.append(group)
-            self._cond.notify_all()
+            if self._needs and len(self._ready) >= min(self._needs):
+                self._cond.notify_all()
 
     @property
     def ready_groups(self) -> int:
@@ -82,11 +86,15 @@ class TrajectoryBuffer:
             return []
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
-            while len(self._ready) < n:
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    break
-                self._cond.wait(remaining)
+            self._needs.append(n)
+            try:
+                while len(self._ready) < n:
+                    remaining = None if deadline is None else deadline - time.monotonic()
+                    if remaining is not None and remaining <= 0:
+                        break
+                    self._cond.wait(remaining)
+            finally:
+                self._needs.remove(n)
             out = [self._ready.popleft() for _ in range(min(n, len(self._ready)))]
             for g in out:
                 self.held_trajectories -= len(g.trajectories)

@@ -27,7 +27,7 @@ from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from mixrl_wire import SERVICE_NAME, pb, pb_grpc
+from mixrl_wire import BULK_CHANNEL_OPTIONS, SERVICE_NAME, pb, pb_grpc
 from mixrl_wire.fastpath import WireTrajectory, decode_trajectory
 from trainer_jax.config import RunConfig, ServiceConfig
 from trainer_jax.service.auth import BearerTokenInterceptor, server_credentials
@@ -193,6 +193,7 @@ class RolloutService:
             # Never share a port with another process silently (gRPC's default allows it).
             ("grpc.so_reuseport", 0),
             ("grpc.keepalive_permit_without_calls", 1),
+            *BULK_CHANNEL_OPTIONS,
             ("grpc.http2.min_recv_ping_interval_without_data_ms", 5000),
             ("grpc.http2.max_ping_strikes", 0),
         ]
@@ -239,7 +240,7 @@ class RolloutService:
 
         def drain() -> None:
             while not self._stopping.is_set():
-                groups = self.buffer.take_groups(1024, timeout=0.1)
+                groups = self.buffer.take_groups(1024, timeout=0.05)
                 self.dropped_groups += len(groups)
                 self.dropped_trajectories += sum(len(g.trajectories) for g in groups)
 
