@@ -231,6 +231,23 @@ class Trainer:
                                                        start_new_session=True))
         self.console.print(f"started {len(self.processes)} sampler processes "
                            f"({', '.join(f'{g.name}:{g.recipe}' for g in self.cfg.groups if g.spawn)})")
+        self._wait_for_samplers(len(self.processes))
+
+    def _wait_for_samplers(self, expected: int) -> None:
+        """Block until the spawned samplers have registered, so no group starts the race late."""
+        deadline = time.monotonic() + self.cfg.train.sampler_start_timeout_s
+        while True:
+            registered = len(self.service.status()["samplers"])
+            if registered >= expected:
+                return
+            dead = [p for p in self.processes if p.poll() is not None]
+            if dead:
+                raise RuntimeError(f"{len(dead)} sampler process(es) exited during start-up; see "
+                                   f"{self.run_dir / 'logs'}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"only {registered} of {expected} samplers registered within "
+                                   f"train.sampler_start_timeout_s={self.cfg.train.sampler_start_timeout_s}s")
+            time.sleep(0.2)
 
     def _stop_samplers(self) -> None:
         for p in self.processes:

@@ -5,10 +5,13 @@ from trainer_jax.config import ConfigError, load_config
 
 def test_defaults_and_overrides(tmp_path):
     path = tmp_path / "c.yaml"
-    path.write_text("run: {name: x, seed: 1}\ngroups:\n  - {name: a, dtype: float32}\n")
-    cfg = load_config(path, ["run.seed=7", "model.hidden_size=32", "probe.temperature=0.7"])
+    path.write_text("run: {name: x, seed: 1}\ngroups:\n  - {name: a, recipe: fp8}\n")
+    cfg = load_config(path, ["run.seed=7", "model.hidden_size=32", "tasks.sampling.temperature=0.7",
+                             "objective.is_mode=tis", "tasks.mix=[{env: arithmetic, difficulty: 2}]"])
     assert (cfg.run.name, cfg.run.seed, cfg.model.hidden_size) == ("x", 7, 32)
-    assert cfg.probe.temperature == pytest.approx(0.7)
+    assert cfg.tasks.sampling.temperature == pytest.approx(0.7)
+    assert cfg.objective.is_mode == "tis" and cfg.tasks.mix[0].difficulty == 2
+    assert cfg.groups[0].recipe == "fp8"
     assert [g.name for g in cfg.groups] == ["a"]
 
 
@@ -18,7 +21,8 @@ def test_defaults_and_overrides(tmp_path):
         ("run: {sede: 1}\n", [], r"run\.sede"),                      # typo'd key is an error
         ("model: {hidden_size: -4}\n", [], r"model\.hidden_size"),
         ("groups: [{name: a}, {name: a}]\n", [], "unique"),
-        ("groups: [{name: a, dtype: int3}]\n", [], r"groups\.0\.dtype"),
+        ("groups: [{name: a, attention: flash9}]\n", [], r"groups\.0\.attention"),
+        ("objective: {c_max: -1}\n", [], r"objective\.c_max"),
         ("- just a list\n", [], "mapping"),
         ("run: {name: [unclosed\n", [], "not valid YAML"),
         ("", ["run.seed"], "key=value"),
