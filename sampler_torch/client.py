@@ -135,6 +135,7 @@ class RolloutClient:
         self.server_id: str | None = None
         self.info: pb.RegisterResponse | None = None
         self.registrations = 0
+        self.expired_leases: set[str] = set()
         options = [
             ("grpc.max_send_message_length", max_message_bytes),
             ("grpc.max_receive_message_length", max_message_bytes),
@@ -249,6 +250,32 @@ class RolloutClient:
             pb.HeartbeatRequest(session_id=self.session_id, weights_version=weights_version,
                                 weight_failures=weight_failures, active_samples=active_samples),
             timeout=self.rpc_timeout_s, metadata=self._metadata))
+
+    def start_heartbeat(self, report: Callable[[], tuple[int, int, int]] | None = None) -> threading.Thread:
+        """Send heartbeats from a daemon thread at the interval the trainer asked for, until closed.
+
+        ``report() -> (weights_version, weight_failures, active_samples)`` fills each heartbeat.
+        Lease ids the trainer reports as ended collect in ``expired_leases`` (stop working on them).
+        A sampler that never heartbeats loses its session, and its leases, after ``session_ttl``.
+        """
+
+        def beat() -> None:
+            while not self._closed.is_set():
+                try:
+                    resp = self.heartbeat(*(report() if report else (-1, 0, 0)))
+                    self.expired_leases.update(resp.expired_lease_ids)
+                except RolloutError as e:
+                    if self._closed.is_set():
+                        return
+                    log.warning("heartbeat: %s", e)
+                except ValueError:  # the channel was closed under us
+                    return
+                interval = self.info.heartbeat_interval_ms / 1000 if self.info else 1.0
+                self._closed.wait(interval)
+
+        t = threading.Thread(target=beat, name="mixrl-heartbeat", daemon=True)
+        t.start()
+        return t
 
     def status(self) -> pb.StatusResponse:
         return self._call("status", lambda: self._stub.Status(

@@ -69,23 +69,9 @@ class SamplerLoop:
         self._make_params = make_params or _engine_params
         self._tokenizer = tokenizer
         self._envs: dict[str, Any] = {}
-        self._expired: set[str] = set()
         self._threads: list[threading.Thread] = []
 
     # ---------------------------------------------------------------- threads
-
-    def _heartbeat(self) -> None:
-        while not self.stop_event.is_set():
-            interval = (self.client.info.heartbeat_interval_ms / 1000) if self.client.info else 1.0
-            try:
-                resp = self.client.heartbeat(self.engine.version, self.stats.weight_failures,
-                                             self.active_samples)
-                self._expired.update(resp.expired_lease_ids)
-            except RolloutError as e:
-                if e.code == grpc.StatusCode.CANCELLED:
-                    return
-                log.warning("heartbeat: %s", e)
-            self.stop_event.wait(interval)
 
     def _watch_weights(self) -> None:
         cache = Path(self.cfg.weights_cache).expanduser()
@@ -116,10 +102,11 @@ class SamplerLoop:
                  time.perf_counter() - t0)
 
     def start_background(self) -> None:
-        for target, name in ((self._heartbeat, "mixrl-heartbeat"), (self._watch_weights, "mixrl-weights")):
-            t = threading.Thread(target=target, name=name, daemon=True)
-            t.start()
-            self._threads.append(t)
+        self._threads.append(self.client.start_heartbeat(
+            lambda: (self.engine.version, self.stats.weight_failures, self.active_samples)))
+        t = threading.Thread(target=self._watch_weights, name="mixrl-weights", daemon=True)
+        t.start()
+        self._threads.append(t)
 
     def stop(self) -> None:
         self.stop_event.set()
@@ -160,7 +147,7 @@ class SamplerLoop:
         self.stats.generated += len(items)
         trajs = []
         for (task, idx), rec in zip(items, records, strict=True):
-            if task.lease_id in self._expired:
+            if task.lease_id in self.client.expired_leases:
                 continue  # the trainer already re-queued it; submitting would only be refused
             trajs.append(build_trajectory(task, idx, queue_ms=(t0 - leased_at) * 1000,
                                           generate_ms=gen_ms, **rec))
