@@ -37,7 +37,7 @@ import torch
 
 from sampler_torch.engine.forward import EngineForward
 from sampler_torch.engine.params import Completion, SamplingParams
-from sampler_torch.engine.sampling import sample_step, uniforms
+from sampler_torch.engine.sampling import sample_step, sample_untruncated_compiled, uniforms
 from sampler_torch.recipes import (
     LoadedModel,
     Recipe,
@@ -81,16 +81,20 @@ class Engine:
     its manifest is checked when it has one (``require_manifest=True`` insists on one).
     ``recipe`` is a registered name or a ``Recipe``; ``recipe_overrides`` change its fields
     (``kv_cache_dtype="fp8_e4m3"``, ``compute_dtype="float32"``, ``attention="eager"``, ...).
+    ``compile=True`` runs decode steps through the static-shape ``torch.compile``d step
+    (``EngineForward.decode_step``) where the model and cache allow it: a one-off compile per
+    (batch, cache length bucket), then far less per-token overhead.
     """
 
     def __init__(self, model_dir: str | os.PathLike, recipe: str | Recipe = "bf16", *,
                  max_batch: int = 32, version: int = 0, device: str | torch.device = "cpu",
-                 require_manifest: bool = False, **recipe_overrides):
+                 require_manifest: bool = False, compile: bool = False, **recipe_overrides):
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self.recipe = get_recipe(recipe, **recipe_overrides)
         self.device = torch.device(device)
         self.max_batch = max_batch
+        self.compile = compile
         loaded = load_model(model_dir, self.recipe, device=self.device,
                             require_manifest=require_manifest)
         self._loaded: LoadedModel = loaded
@@ -156,12 +160,19 @@ class Engine:
 
     @torch.inference_mode()
     def logits(self, sequences: Sequence[Sequence[int]]) -> list[torch.Tensor]:
-        """Teacher-forced float32 logits ``[len(seq), V]`` of each sequence (no cache)."""
-        fwd = self._forward
+        """Teacher-forced float32 logits ``[len(seq), V]`` of each sequence.
+
+        Keys and values go through a KV cache of the recipe's dtype (written, then read back
+        for attention), so an FP8 KV cache's rounding shows here as it does in generation.
+        """
+        fwd, loaded = self._forward, self._loaded
         out = []
         for seq in sequences:
             ids = torch.tensor([list(seq)], dtype=torch.long, device=self.device)
-            out.append(fwd.logits(fwd.hidden(ids))[0].cpu())
+            cache = make_kv_cache(self.config, 1, len(seq), self.recipe.kv_torch_dtype,
+                                  loaded.k_scales, loaded.v_scales)
+            slots = torch.zeros(1, dtype=torch.long, device=self.device)
+            out.append(fwd.logits(fwd.hidden(ids, cache=cache, slots=slots))[0].cpu())
         return out
 
     # ------------------------------------------------------------------ generation
@@ -222,11 +233,14 @@ class Engine:
         stats = self.last_stats = GenerateStats()
         n_slots = min(self.max_batch, len(reqs))
         max_len = max(len(r.prompt) + r.params.max_new_tokens for r in reqs)
+        if self.compile:
+            max_len = -(-max_len // 64) * 64  # length buckets: few compiled graphs
         loaded = self._loaded
         cache = make_kv_cache(cfg, n_slots, max_len, self.recipe.kv_torch_dtype,
                               loaded.k_scales, loaded.v_scales)
+        static = self.compile and self._forward.can_compile(cache)
         # Per-slot sampling state, indexed by slot.
-        temp = torch.zeros(n_slots)
+        temp = torch.ones(n_slots)  # idle slots sample too on the compiled path: keep T > 0
         top_p = torch.ones(n_slots, dtype=torch.float64)
         top_k = torch.zeros(n_slots, dtype=torch.long)
         seeds = np.zeros(n_slots, np.uint64)
@@ -254,7 +268,7 @@ class Engine:
                 seeds[slot] = req.seed
                 length[slot] = len(req.prompt)
                 stats.admissions.append((step, req.index, slot))
-            logits_parts, slot_order = [], []
+            logits_parts, slot_order, logits_all, decode_rows = [], [], None, None
             if admitted:
                 longest = max(length[s] for s in admitted)
                 ids = torch.zeros(len(admitted), longest, dtype=torch.long)
@@ -267,7 +281,17 @@ class Engine:
                 slot_order += admitted
                 stats.prefill_tokens += sum(length[s] for s in admitted)
             # -- decode
-            if decoding:
+            if decoding and static and fwd.can_compile(cache):
+                # Every slot decodes (static shapes); idle slots write at the last position.
+                tokens = torch.zeros(n_slots, dtype=torch.long)
+                positions = torch.full((n_slots,), max_len - 1, dtype=torch.long)
+                tokens[decoding] = torch.tensor([next_token[s] for s in decoding])
+                positions[decoding] = torch.tensor([length[s] - 1 for s in decoding])
+                logits_all = fwd.decode_step(tokens.to(dev), positions.to(dev), cache)
+                decode_rows = decoding  # gathered from logits_all only if sampled eagerly
+                slot_order += decoding
+                stats.decode_tokens += len(decoding)
+            elif decoding:
                 slots_t = torch.tensor(decoding, device=dev)
                 tokens = torch.tensor([[next_token[s]] for s in decoding], device=dev)
                 positions = torch.tensor([[length[s] - 1] for s in decoding], device=dev)
@@ -276,13 +300,25 @@ class Engine:
                 slot_order += decoding
                 stats.decode_tokens += len(decoding)
             # -- sample
-            logits = torch.cat(logits_parts).float().cpu()
-            order = torch.tensor(slot_order)
             counts = np.array([len(running[s].out.token_ids) for s in slot_order], np.uint64)
-            u = torch.from_numpy(uniforms(seeds[slot_order], counts))
+            u_rows = uniforms(seeds[slot_order], counts)
             head_k = max(running[s].params.head_k for s in slot_order)
-            rec = sample_step(logits, temp[order], top_p[order], top_k[order], head_k, u)
-            self._record(rec, slot_order, running, version)
+            if (logits_all is not None and not admitted and head_k > 0
+                    and not any(running[s].truncates for s in slot_order)):
+                # Steady decoding without truncation: sample all slots in one compiled graph
+                # (idle slots draw too, from u = 0, and are dropped).
+                u = torch.zeros(n_slots, dtype=torch.float64)
+                u[slot_order] = torch.from_numpy(u_rows)
+                rec = sample_untruncated_compiled(logits_all.float().cpu(), temp, u, head_k)
+                self._record(rec, slot_order, running, version, rows=slot_order)
+            else:
+                if decode_rows is not None:
+                    logits_parts.append(logits_all[torch.tensor(decode_rows, device=dev)])
+                logits = torch.cat(logits_parts).float().cpu()
+                order = torch.tensor(slot_order)
+                rec = sample_step(logits, temp[order], top_p[order], top_k[order], head_k,
+                                  torch.from_numpy(u_rows))
+                self._record(rec, slot_order, running, version)
             # -- retire (decode rows in slot order: a contiguous run reads the cache as a view)
             decoding = []
             for s in slot_order:
@@ -306,7 +342,15 @@ class Engine:
                 on_step(step - 1)
 
     @staticmethod
-    def _record(rec, slot_order: list[int], running: dict[int, _Request], version: int) -> None:
+    def _record(rec, slot_order: list[int], running: dict[int, _Request], version: int,
+                rows: list[int] | None = None) -> None:
+        """Append step records; ``rows[i]`` is the record row of ``slot_order[i]`` (default i)."""
+        if rows is not None and rows != list(range(rec.tokens.shape[0])):
+            index = torch.tensor(rows)
+            rec = dataclasses.replace(rec, tokens=rec.tokens[index], logprob=rec.logprob[index],
+                                      logprob_full=rec.logprob_full[index],
+                                      head_ids=rec.head_ids[index],
+                                      head_logprobs=rec.head_logprobs[index])
         tokens = rec.tokens.tolist()
         logprob = rec.logprob.tolist()
         logprob_full = rec.logprob_full.tolist()

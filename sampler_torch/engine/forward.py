@@ -14,6 +14,12 @@ model's own ``forward``, arranged for decode throughput.
 - RoPE tables and the attention mask are built once per forward, not once per layer; KV-cache
   reads of a contiguous run of slots are views, not gathers.
 
+- ``decode_step`` (opt-in, ``Engine(compile=True)``): one decode token for every KV-cache slot
+  with static shapes -- all slots, attention over the whole cache length under the position
+  mask -- compiled once with ``torch.compile`` (weights and cache are graph inputs, so a reload
+  of same-shaped weights reuses the compiled graph). Available for dense models whose projections
+  are all fused and whose KV cache stores the compute dtype; ``can_compile`` says.
+
 Everything else (RMSNorm in float32 then cast, RoPE in float32, softmax in float32 for the
 explicit attention, the float32 logits) follows ``sampler_torch.models.qwen3``;
 ``tests/sampler/test_engine_forward.py`` holds the two equal.
@@ -28,6 +34,7 @@ from torch import nn
 from sampler_torch.models import KVCache, Qwen3ForCausalLM
 from sampler_torch.models.qwen3 import MLP, rope_cos_sin
 from sampler_torch.recipes import Recipe
+from sampler_torch.recipes.kv_cache import ScaledFP8KVCache
 
 
 def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -35,12 +42,80 @@ def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype)
 
 
-def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """rotate_half RoPE of ``x [B, heads, T, hd]`` with ``cos/sin [B, 1, T, hd]``, in float32."""
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+    """rotate_half RoPE of ``x [B, heads, T, hd]`` in float32: ``x cos + rotate_half(x) sin``.
+
+    ``rotate_half(x) = [-x2, x1]``; with ``sin_signed = [-sin1, sin2]`` (built once per forward)
+    that is ``[x2, x1] * sin_signed``, the same products with the sign moved to the table.
+    """
     half = x.shape[-1] // 2
     x32 = x.float()
-    rotated = torch.cat([-x32[..., half:], x32[..., :half]], dim=-1)
-    return (x32 * cos + rotated * sin).to(x.dtype)
+    swapped = torch.cat([x32[..., half:], x32[..., :half]], dim=-1)
+    return (x32 * cos + swapped * sin_signed).to(x.dtype)
+
+
+def _static_decode(weights: tuple, caches: tuple, tokens: torch.Tensor, positions: torch.Tensor,
+                   slots: torch.Tensor, cfg: tuple) -> torch.Tensor:
+    """One token for each of ``S`` slots (static shapes): float32 logits ``[S, V]``.
+
+    ``weights = (embed, final_norm, lm_head, *per layer (ln1, qk_norm, qkv, o, ln2, gate_up,
+    down))``, ``caches = (*per layer (k, v))`` of shape ``[S, K, L, hd]`` (written in place at
+    ``positions``), ``cfg = (heads, kv_heads, head_dim, eps, theta, sdpa)``. The same math as
+    ``EngineForward.hidden`` with the mask over all ``L`` cache positions.
+    """
+    nh, nk, hd, eps, theta, sdpa = cfg
+    embed, final_norm, lm_head = weights[:3]
+    dtype = embed.dtype
+    s = tokens.shape[0]
+    x = F.embedding(tokens, embed)[:, None]                       # [S, 1, D]
+    pos = positions[:, None]
+    cos, sin = rope_cos_sin(pos, hd, theta)
+    sin = torch.cat([-sin[..., : hd // 2], sin[..., hd // 2:]], dim=-1)
+    cos, sin = cos[:, None], sin[:, None]
+    length = caches[0].shape[2]
+    mask = (torch.arange(length, device=tokens.device)[None, :] <= pos)[:, None, None, :]
+    heads = torch.arange(nk, device=tokens.device)[None, :]
+    for i in range(len(caches) // 2):
+        ln1, qk_norm, w_qkv, w_o, ln2, w_gu, w_down = weights[3 + 7 * i: 10 + 7 * i]
+        k_cache, v_cache = caches[2 * i], caches[2 * i + 1]
+        h = _rms(x, ln1, eps)
+        qkv = F.linear(h.to(w_qkv.dtype), w_qkv).to(dtype).view(s, 1, nh + 2 * nk, hd)
+        qk = _rope(_rms(qkv[:, :, : nh + nk], qk_norm, eps).transpose(1, 2), cos, sin)
+        q, k = qk[:, :nh], qk[:, nh:]
+        v = qkv[:, :, nh + nk:].transpose(1, 2)
+        k_cache.index_put_((slots[:, None], heads, pos), k[:, :, 0].to(k_cache.dtype))
+        v_cache.index_put_((slots[:, None], heads, pos), v[:, :, 0].to(v_cache.dtype))
+        kk, vv = k_cache.to(dtype), v_cache.to(dtype)  # rows are slots 0..S-1
+        if sdpa:
+            out = F.scaled_dot_product_attention(q, kk, vv, attn_mask=mask, enable_gqa=nh > nk)
+        else:
+            kk = kk.repeat_interleave(nh // nk, dim=1)
+            vv = vv.repeat_interleave(nh // nk, dim=1)
+            scores = (q.float() @ kk.float().transpose(-1, -2)) * hd ** -0.5
+            scores = scores.masked_fill(~mask, torch.finfo(torch.float32).min)
+            out = scores.softmax(-1).to(vv.dtype) @ vv
+        out = out.transpose(1, 2).reshape(s, 1, nh * hd)
+        x = x + F.linear(out.to(w_o.dtype), w_o).to(dtype)
+        h = _rms(x, ln2, eps)
+        gu = F.linear(h.to(w_gu.dtype), w_gu).to(dtype)
+        gate, up = gu.chunk(2, dim=-1)
+        x = x + F.linear((F.silu(gate) * up).to(w_down.dtype), w_down).to(dtype)
+    h = _rms(x, final_norm, eps)
+    return F.linear(h.to(lm_head.dtype), lm_head)[:, 0].float()
+
+
+_COMPILED: dict[str, object] = {}
+
+
+def _compiled_decode():
+    # One compiled function for every EngineForward: graphs are keyed by input shapes/dtypes,
+    # so same-shaped weights (a reload) reuse them.
+    if "fn" not in _COMPILED:
+        # emulate_precision_casts: round at every cast to a low-precision dtype, as eager does
+        # (inductor would otherwise keep fused bf16 intermediates in float32).
+        _COMPILED["fn"] = torch.compile(_static_decode, dynamic=False,
+                                        options={"emulate_precision_casts": True})
+    return _COMPILED["fn"]
 
 
 class _Proj:
@@ -58,8 +133,14 @@ class _Proj:
     def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
         if self.weight is None:
             return [m(x) for m in self.modules]
-        y = F.linear(x.to(self.weight.dtype), self.weight).to(x.dtype)
+        y = self.fused(x)
         return list(y.split(self.sizes, dim=-1)) if len(self.sizes) > 1 else [y]
+
+    def fused(self, x: torch.Tensor) -> torch.Tensor:
+        """All outputs side by side (only for fused projections)."""
+        if self.weight is None:
+            return torch.cat([m(x) for m in self.modules], dim=-1)
+        return F.linear(x.to(self.weight.dtype), self.weight).to(x.dtype)
 
 
 class EngineForward:
@@ -85,7 +166,9 @@ class EngineForward:
             dense = isinstance(mlp, MLP)
             self.layers.append(dict(
                 ln1=layer.input_layernorm.weight, ln2=layer.post_attention_layernorm.weight,
-                q_norm=attn.q_norm.weight, k_norm=attn.k_norm.weight,
+                # q and k heads are normalised and rotated together: one weight row per head.
+                qk_norm=torch.cat([attn.q_norm.weight.expand(self.heads, self.head_dim),
+                                   attn.k_norm.weight.expand(self.kv_heads, self.head_dim)]),
                 qkv=_Proj([attn.q_proj, attn.k_proj, attn.v_proj], mm),
                 o=_Proj([attn.o_proj], mm),
                 gate_up=_Proj([mlp.gate_proj, mlp.up_proj], mm) if dense else None,
@@ -104,6 +187,34 @@ class EngineForward:
         if self.lm_head.weight is not None:
             out.append(self.lm_head.weight)
         return out
+
+    def can_compile(self, cache: KVCache) -> bool:
+        """Whether ``decode_step`` applies: dense layers, fused projections, plain KV cache."""
+        return (all(lyr["moe"] is None and lyr["qkv"].weight is not None
+                    and lyr["o"].weight is not None and lyr["gate_up"].weight is not None
+                    and lyr["down"].weight is not None for lyr in self.layers)
+                and self.lm_head.weight is not None and not isinstance(cache, ScaledFP8KVCache))
+
+    @torch.inference_mode()
+    def decode_step(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache, *,
+                    compiled: bool = True) -> torch.Tensor:
+        """Logits ``[S, V]`` for one token in every one of the cache's ``S`` slots.
+
+        Row ``s`` is slot ``s``: ``tokens[s]`` at ``positions[s]``. Slots with nothing to decode
+        should get position ``L - 1`` (the last cache position): whatever they write there is
+        overwritten before any query can attend to it, since a query at ``L - 1`` writes its
+        own key first.
+        """
+        weights = [self.embed.weight, self.final_norm, self.lm_head.weight]
+        for lyr in self.layers:
+            weights += [lyr["ln1"], lyr["qk_norm"], lyr["qkv"].weight, lyr["o"].weight,
+                        lyr["ln2"], lyr["gate_up"].weight, lyr["down"].weight]
+        caches = tuple(t for pair in zip(cache.k, cache.v, strict=True) for t in pair)
+        slots = torch.arange(cache.slots, device=tokens.device)
+        cfg = (self.heads, self.kv_heads, self.head_dim, self.eps, float(self.config.rope_theta),
+               self.attention == "sdpa")
+        fn = _compiled_decode() if compiled else _static_decode
+        return fn(tuple(weights), caches, tokens, positions, slots, cfg)
 
     def _attend(self, q, k, v, mask):
         groups = self.heads // self.kv_heads
@@ -129,6 +240,7 @@ class EngineForward:
             positions = torch.arange(t, device=dev).expand(b, t)
         hd, nh, nk = self.head_dim, self.heads, self.kv_heads
         cos, sin = rope_cos_sin(positions, hd, self.config.rope_theta)
+        sin = torch.cat([-sin[..., : hd // 2], sin[..., hd // 2:]], dim=-1)
         cos, sin = cos[:, None], sin[:, None]
         read_slots: torch.Tensor | slice | None = slots
         if cache is None:
@@ -143,11 +255,11 @@ class EngineForward:
         x = self.embed(input_ids)
         for i, lyr in enumerate(self.layers):
             h = _rms(x, lyr["ln1"], self.eps)
-            q, k, v = lyr["qkv"](h)
-            q = _rms(q.view(b, t, nh, hd), lyr["q_norm"], self.eps).transpose(1, 2)
-            k = _rms(k.view(b, t, nk, hd), lyr["k_norm"], self.eps).transpose(1, 2)
-            v = v.view(b, t, nk, hd).transpose(1, 2)
-            q, k = _rope(q, cos, sin), _rope(k, cos, sin)
+            qkv = lyr["qkv"].fused(h).view(b, t, nh + 2 * nk, hd)
+            qk = _rms(qkv[:, :, : nh + nk], lyr["qk_norm"], self.eps).transpose(1, 2)
+            qk = _rope(qk, cos, sin)
+            q, k = qk[:, :nh], qk[:, nh:]
+            v = qkv[:, :, nh + nk:].transpose(1, 2)
             if cache is not None:
                 cache.write(i, slots, positions, k, v)
                 k, v = cache.read(i, read_slots, length, q.dtype)

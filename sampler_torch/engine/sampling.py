@@ -67,6 +67,35 @@ def _pick(cdf: torch.Tensor, u: torch.Tensor, last: torch.Tensor) -> torch.Tenso
     return torch.minimum(idx, last)
 
 
+def _sample_untruncated(logits: torch.Tensor, temperature: torch.Tensor, u: torch.Tensor,
+                        head_k: int) -> tuple[torch.Tensor, ...]:
+    """``sample_step`` for rows that all sample the full distribution at ``temperature > 0``:
+    (tokens, log q(x), head log q, head ids). Same arithmetic, for ``torch.compile``."""
+    logq = torch.log_softmax(logits.float() / temperature.float()[:, None], dim=-1)
+    cdf = logq.double().exp().cumsum(-1)
+    last = torch.full_like(u, logq.shape[1] - 1, dtype=torch.long)
+    tokens = _pick(cdf, u, last)
+    head_lp, head_ids = logq.topk(head_k, dim=-1, sorted=True)
+    return tokens, logq.gather(1, tokens[:, None])[:, 0], head_lp, head_ids
+
+
+_COMPILED: dict[str, object] = {}
+
+
+def sample_untruncated_compiled(logits: torch.Tensor, temperature: torch.Tensor,
+                                u: torch.Tensor, head_k: int) -> StepRecords:
+    """The compiled ``_sample_untruncated`` as ``StepRecords`` (no support; ``head_k >= 1``)."""
+    if "fn" not in _COMPILED:
+        _COMPILED["fn"] = torch.compile(_sample_untruncated, dynamic=False)
+    tokens, lq, head_lp, head_ids = _COMPILED["fn"](logits, temperature, u,
+                                                    min(head_k, logits.shape[1]))
+    b, dev = logits.shape[0], logits.device
+    return StepRecords(tokens, lq, lq, head_ids, head_lp,
+                       torch.empty(b, 0, dtype=torch.long, device=dev),
+                       torch.empty(b, 0, dtype=torch.float32, device=dev),
+                       torch.zeros(b, dtype=torch.long, device=dev))
+
+
 def sample_step(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor,
                 top_k: torch.Tensor, head_k: int, u: torch.Tensor) -> StepRecords:
     """Sample one token per row of ``logits [B, V]`` (see the module docstring).
@@ -88,17 +117,22 @@ def sample_step(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Te
     support_lp = torch.empty(b, 0, dtype=torch.float32, device=dev)
     support_len = torch.zeros(b, dtype=torch.long, device=dev)
 
-    full = torch.nonzero(~trunc)[:, 0]
+    any_trunc = bool(trunc.any())
+    # Index only when rows differ (the common all-full / all-truncated batches need no copy).
+    full = (torch.arange(b, device=dev) if not any_trunc
+            else torch.nonzero(~trunc)[:, 0])
     if full.numel():
-        lq = logq[full]
+        lq = logq if not any_trunc else logq[full]
         cdf = lq.double().exp().cumsum(-1)
         idx = _pick(cdf, u[full], torch.full_like(full, vocab - 1))
         tokens[full] = idx
         logprob[full] = lq.gather(1, idx[:, None])[:, 0]
 
-    rows = torch.nonzero(trunc)[:, 0]
+    rows = torch.nonzero(trunc)[:, 0] if any_trunc else full[:0]
     if rows.numel():
-        lq, kr, pr = logq[rows], k[rows], top_p[rows].double()
+        every = rows.numel() == b
+        lq = logq if every else logq[rows]
+        kr, pr = (k, top_p.double()) if every else (k[rows], top_p[rows].double())
         # Only a prefix can be kept: with top-k on every row, the top max(k) suffice.
         width = int(kr.max()) if bool((kr > 0).all()) else vocab
         if width < vocab:
