@@ -417,6 +417,7 @@ class Trainer:
                 groups = self._take(cfg.train.prompts_per_step)
                 t1 = time.perf_counter()
                 inputs, batch, samples, taken, rewards = self._batch(groups)
+                self._save_trajectories(samples, taken)
                 result = self.learner.step(inputs, batch)
                 t2 = time.perf_counter()
                 self.meta["step"] += 1
@@ -439,6 +440,25 @@ class Trainer:
                     f"reward {values['reward_mean']:.3f} k3 {values.get('k3', float('nan')):.2e} "
                     f"oor {values.get('out_of_range', float('nan')):.3f} |g| {result.grad_norm:.2f} "
                     f"idle {values['trainer_idle_share']:.0%}"))
+
+    def _save_trajectories(self, samples: list[Sample], taken) -> None:
+        """Opt-in (``MIXRL_SAVE_TRAJECTORIES=N``): keep up to N trained samples of the latest step.
+
+        Written as ``trajectories.pkl`` in the run dir (overwritten each step, so the file holds the
+        last step's batch) for offline analysis such as ``trainer_jax.report.drift_gradients``;
+        off by default, so ordinary runs are unchanged.
+        """
+        n = int(os.environ.get("MIXRL_SAVE_TRAJECTORIES", "0") or 0)
+        if n <= 0:
+            return
+        import pickle
+
+        keep = [samples[i] for i in list(taken)[:n]]
+        record = {"step": self.meta["step"] + 1, "trainer_version": int(self.meta["version"]),
+                  "group_names": self.group_names, "samples": keep}
+        tmp = self.run_dir / "trajectories.pkl.tmp"
+        tmp.write_bytes(pickle.dumps(record))
+        tmp.replace(self.run_dir / "trajectories.pkl")
 
     def _take(self, n: int):
         deadline = time.monotonic() + self.cfg.train.take_timeout_s

@@ -16,10 +16,11 @@ def test_help(script):
     assert "usage" in out.stdout.lower()
 
 
-def test_planned_subcommand_says_so():
+def test_sweep_missing_file_is_a_clear_error():
+    # `sweep` was the last planned subcommand; it now exists (tests/trainer/test_sweep.py).
     out = subprocess.run([BIN / "mixrl-train", "sweep", "configs/x.yaml"], capture_output=True, text=True,
                          timeout=120)
-    assert out.returncode == 2 and "not implemented yet" in out.stdout
+    assert out.returncode == 2 and "does not exist" in out.stderr
 
 
 def test_bad_config_is_a_clear_error(tmp_path):

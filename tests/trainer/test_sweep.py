@@ -1,0 +1,240 @@
+"""The ablation sweep and its report.
+
+Fast: the sweep file parses into the 6 x 2 grid, a failing cell is recorded and not fatal, and the
+report generator turns synthetic run directories into tables, curves, attribution and conclusions
+that follow the numbers. Slow: the real ``--quick`` grid end to end (4 training runs).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from trainer_jax.report import collapse_step, collect, group_attribution, write_report
+from trainer_jax.sweep import Cell, load_sweep, run_cell
+
+ROOT = Path(__file__).resolve().parents[2]
+ABLATION = ROOT / "configs" / "ablation.yaml"
+BIN = Path(sys.executable).parent
+
+
+def test_ablation_file_is_the_issue_grid():
+    spec = load_sweep(ABLATION)
+    assert set(spec.pools) == {"mixed", "homogeneous"}
+    assert list(spec.conditions) == ["grpo", "grpo_mis", "sc", "grpo_topp", "sc_mis", "sc_mis_topp"]
+    for cond in spec.conditions.values():
+        # Every condition pins every knob, so none inherits the base config's corrected objective.
+        keys = {o.split("=")[0] for o in cond.overrides}
+        assert {
+            "objective.is_mode",
+            "objective.score_centering",
+            "objective.top_p_replay",
+            "tasks.sampling.top_p",
+        } <= keys
+    grpo = dict(o.split("=") for o in spec.conditions["grpo"].overrides)
+    assert grpo == {
+        "objective.is_mode": "none",
+        "objective.score_centering": "false",
+        "objective.top_p_replay": "false",
+        "tasks.sampling.top_p": "1.0",
+    }
+    top = dict(o.split("=") for o in spec.conditions["sc_mis_topp"].overrides)
+    assert top["objective.top_p_replay"] == "true" and float(top["tasks.sampling.top_p"]) < 1
+    quick = spec.select(quick=True)
+    assert len(quick.conditions) * len(quick.pools) * len(quick.seeds) == 4
+    assert "run.steps=2" in quick.overrides
+
+
+def test_bad_sweep_file_fails_up_front(tmp_path):
+    from trainer_jax.sweep import SweepError
+
+    bad = tmp_path / "s.yaml"
+    bad.write_text(
+        f"pools: {{mixed: {ROOT / 'configs/local_mixed.yaml'}}}\n"
+        "conditions: {x: [objective.is_mode=bogus_mode]}\n"
+    )
+    with pytest.raises(SweepError, match="condition x"):
+        load_sweep(bad)
+
+
+def test_failed_cell_is_recorded_not_fatal(tmp_path):
+    cell = Cell("mixed", "grpo", 0, tmp_path / "missing.yaml", ("run.steps=1",), tmp_path / "run")
+    record = run_cell(cell, timeout=120)
+    assert record["ok"] is False and record["returncode"] == 2
+    saved = json.loads((tmp_path / "run" / "cell.json").read_text())
+    assert saved["ok"] is False and "missing.yaml" in saved["log_tail"]
+
+
+# ------------------------------------------------------------------ report on synthetic runs
+
+
+def _write_run(
+    root: Path,
+    pool: str,
+    cond: str,
+    seed: int,
+    *,
+    rewards,
+    k3,
+    oor_by_group,
+    eval_end,
+    groups=("bf16", "fp8"),
+) -> None:
+    run = root / pool / cond / f"seed{seed}"
+    run.mkdir(parents=True)
+    lines = [json.dumps({"step": -1, "sft/loss": 1.0})]
+    for s, (r, k) in enumerate(zip(rewards, k3, strict=True), 1):
+        rec = {
+            "step": s,
+            "loss": 0.1,
+            "grad_norm": 0.5 * s,
+            "reward_mean": r,
+            "pass_rate": r,
+            "k3": k,
+            "entropy": 2.0 - 0.01 * s,
+            "out_of_range": sum(oor_by_group.values()) / len(groups),
+            "samples_trained": 8,
+        }
+        for g in groups:
+            rec[f"group/{g}/tokens"] = 100.0
+            rec[f"group/{g}/out_of_range"] = oor_by_group[g]
+            rec[f"group/{g}/k3"] = k * (3.0 if g == "fp8" else 0.5)
+            rec[f"group/{g}/sample_share"] = 1 / len(groups)
+        lines.append(json.dumps(rec))
+    lines.append(json.dumps({"step": len(rewards), "eval/pass@1": eval_end, "eval/pass@4": eval_end}))
+    (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    (run / "summary.json").write_text(
+        json.dumps({"eval_start": {"eval/pass@1": 0.3}, "eval_end": {"eval/pass@1": eval_end}})
+    )
+    (run / "cell.json").write_text(json.dumps({"ok": True, "wall_s": 12.0, "returncode": 0}))
+
+
+def _synthetic(root: Path, *, grpo_collapses: bool) -> None:
+    n = 20
+    flat = [0.5] * n
+    falling = [0.5] * 8 + [0.0] * (n - 8)
+    for pool, k3 in (("mixed", 4e-3), ("homogeneous", 1e-3)):
+        oor = {"bf16": 0.0, "fp8": 0.02} if pool == "mixed" else {"bf16": 0.0, "fp8": 0.0}
+        _write_run(
+            root,
+            pool,
+            "grpo",
+            0,
+            rewards=falling if grpo_collapses and pool == "mixed" else flat,
+            k3=[k3] * n,
+            oor_by_group=oor,
+            eval_end=0.0 if grpo_collapses and pool == "mixed" else 0.5,
+        )
+        _write_run(root, pool, "sc_mis", 0, rewards=flat, k3=[k3] * n, oor_by_group=oor, eval_end=0.5)
+    # A failed cell: recorded in the report, not an exception.
+    bad = root / "mixed" / "sc" / "seed0"
+    bad.mkdir(parents=True)
+    (bad / "cell.json").write_text(json.dumps({"ok": False, "returncode": 1, "log_tail": "boom: it broke"}))
+    (root / "sweep.json").write_text(
+        json.dumps(
+            {
+                "command": "mixrl-train sweep configs/ablation.yaml",
+                "wall_s_total": 123.0,
+                "seeds": [0],
+                "overrides": ["run.steps=20"],
+                "finished_utc": "2026-01-01 00:00:00",
+                "conditions": {
+                    "grpo": {"label": "GRPO", "overrides": ["objective.is_mode=none"]},
+                    "sc_mis": {"label": "SC + MIS", "overrides": ["objective.is_mode=mis"]},
+                    "sc": {"label": "SC", "overrides": []},
+                },
+            }
+        )
+    )
+
+
+def test_collapse_detection():
+    recs = [{"step": s, "reward_mean": r, "k3": 1e-3} for s, r in enumerate([0.5] * 8 + [0.0] * 12, 1)]
+    step, reason, kl = collapse_step(recs)
+    assert step is not None and 9 <= step <= 14 and reason and kl is None
+    flat = [{"step": s, "reward_mean": 0.5, "k3": 1e-3} for s in range(1, 21)]
+    assert collapse_step(flat)[0] is None
+    growing = [{"step": s, "reward_mean": 0.5, "k3": 1e-3 * (1 if s <= 5 else 10)} for s in range(1, 21)]
+    assert collapse_step(growing)[2] is not None
+
+
+def test_group_attribution_shares():
+    recs = [
+        {
+            "step": 1,
+            "samples_trained": 10,
+            "group/a/sample_share": 0.9,
+            "group/b/sample_share": 0.1,
+            "group/a/tokens": 90.0,
+            "group/b/tokens": 10.0,
+            "group/a/out_of_range": 0.01,
+            "group/b/out_of_range": 0.1,
+            "group/a/k3": 1e-3,
+            "group/b/k3": 1e-2,
+        }
+    ]
+    att = group_attribution(recs)
+    assert math.isclose(att["b"]["sample_share"], 0.1)
+    # b: 1 of 1.9 out-of-range tokens; a: 0.9 of 1.9
+    assert math.isclose(att["b"]["oor_share"], 1.0 / 1.9)
+    assert math.isclose(att["b"]["k3"], 1e-2)
+
+
+@pytest.mark.parametrize("collapses", [True, False])
+def test_report_from_synthetic_runs(tmp_path, collapses):
+    root = tmp_path / "sweep"
+    _synthetic(root, grpo_collapses=collapses)
+    results = collect(root)
+    assert len(results) == 5 and sum(not r.ok for r in results) == 1
+    doc = write_report(root, tmp_path / "docs" / "results.md", with_drift=False)
+    text = doc.read_text()
+    for name in ("reward", "kl", "grad_norm", "entropy", "out_of_range"):
+        assert (tmp_path / "docs" / "results" / f"{name}.png").stat().st_size > 1000
+        assert f"(results/{name}.png)" in text
+    assert "mixrl-train sweep configs/ablation.yaml" in text and "123 s" in text
+    assert "Failed cells" in text and "boom" in text
+    assert "| GRPO | mixed | 1/1 |" in text and "| SC + MIS | homogeneous | 1/1 |" in text
+    # The KL ratio mixed/homogeneous is computed from the runs (4e-3 / 1e-3).
+    assert "| 4.00 |" in text and "4.0x the homogeneous" in text
+    # Attribution: fp8 has half the samples and all the out-of-range tokens.
+    assert "| fp8 | 0.500 | 1.000 |" in text
+    if collapses:
+        assert "reproduced** in 1/1 seeds" in text
+    else:
+        assert "not reproduced at this scale" in text
+    assert "SC + MIS (+ top-p replay) stays stable on the mixed pool — held" in text
+
+
+# ------------------------------------------------------------------ the real quick grid
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3000)
+def test_quick_sweep_end_to_end(tmp_path):
+    out, doc = tmp_path / "runs", tmp_path / "results.md"
+    proc = subprocess.run(
+        [BIN / "mixrl-train", "sweep", str(ABLATION), "--quick", "--out", str(out), "--report", str(doc)],
+        capture_output=True,
+        text=True,
+        timeout=2900,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    manifest = json.loads((out / "sweep.json").read_text())
+    assert len(manifest["cells"]) == 4 and all(c["ok"] for c in manifest["cells"])
+    for pool in ("mixed", "homogeneous"):
+        for cond in ("grpo", "sc_mis_topp"):
+            run = out / pool / cond / "seed0"
+            steps = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+            assert [r["step"] for r in steps if "loss" in r] == [1, 2]
+            assert (run / "trajectories.pkl").exists()
+    text = doc.read_text()
+    assert "| GRPO | mixed | 1/1 |" in text and "Drift on real sampler outputs" in text
+    drift = json.loads((out / "mixed" / "grpo" / "seed0" / "drift.json").read_text())
+    # SC removes the drift term: the SC gradient differs from the uncorrected one by exactly it.
+    assert drift["batch"]["drift"] > 0
