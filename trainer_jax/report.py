@@ -412,7 +412,10 @@ def render(
             "",
             f"- command: `{sweep.get('command') or 'mixrl-train sweep ' + sweep.get('sweep_file', '?')}`",
             f"- sweep wall time: {_fmt(sweep.get('wall_s_total', sweep.get('wall_s')), '.0f')} s "
-            f"(finished {sweep.get('finished_utc', '?')} UTC) on this machine's shared CPU cores",
+            f"(finished {sweep.get('finished_utc', '?')} UTC) on this machine's shared CPU cores; "
+            f"per cell: {', '.join(f'{r.pool}/{r.condition}/seed{r.seed} {r.wall_s:.0f} s' for r in results if r.ok)}",
+            f"- this report: `mixrl-train sweep {os.path.relpath(sweep.get('sweep_file', '?'))} --report-only "
+            f"--out {os.path.relpath(sweep.get('out', '?'))}` (the drift analysis is cached in each run's drift.json)",
             f"- grid: {len(pools)} pools ({', '.join(pools)}) x {len(conds)} conditions x "
             f"seeds {sweep.get('seeds')}; {len(ok)}/{len(results)} cells finished; RL steps per run: "
             f"{', '.join(map(str, steps)) or '–'}",
