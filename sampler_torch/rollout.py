@@ -117,16 +117,20 @@ def run_episodes(generate: Callable, episodes: Sequence[Episode], params, *,
             break
         completions = generate([list(builders[i].tokens) for i in requests], per_request)
         for i, completion in zip(requests, completions, strict=True):
-            _finish_turn(builders[i], completion)
+            _finish_turn(builders[i], completion, max_total_tokens)
         turn += 1
     return [b.record() for b in builders]
 
 
-def _finish_turn(b: _Builder, completion) -> None:
+def _finish_turn(b: _Builder, completion, max_total_tokens: int) -> None:
     b.add_turn(completion)
     b.turns += 1
     result = b.episode.step(list(completion.token_ids))
     if result.done:
         b.done, b.reward, b.termination = True, result.reward, result.termination
+    elif len(b.tokens) + len(result.observation) >= max_total_tokens:
+        # No room for another turn: end here, without an observation no policy token follows,
+        # so the record never exceeds the budget.
+        b.done, b.termination = True, "length"
     else:
         b.add_observation(result.observation)

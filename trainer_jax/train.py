@@ -156,6 +156,7 @@ class Trainer:
         self.processes: list[subprocess.Popen] = []
         self.carry: list[tuple[Sample, float]] = []
         self.carry_dropped = 0
+        self.too_long = 0
 
     # ------------------------------------------------------------------ setup
 
@@ -309,7 +310,11 @@ class Trainer:
         index = {name: i for i, name in enumerate(self.group_names)}
         for g, a in zip(groups, adv, strict=True):
             for t, ai in zip(g.trajectories, a, strict=True):
-                samples.append(to_sample(t, g.task.prompt_ids, index.get(t.group, 0)))
+                sample = to_sample(t, g.task.prompt_ids, index.get(t.group, 0))
+                if len(sample.token_ids) > cfg.train.row_len:  # cannot be packed: count, skip
+                    self.too_long += 1
+                    continue
+                samples.append(sample)
                 sample_adv.append(ai)
         inputs, batch, taken = pack(
             samples, np.asarray(sample_adv, np.float32), rows=cfg.train.rows, row_len=cfg.train.row_len,
@@ -328,6 +333,7 @@ class Trainer:
                                     "pass_rate": float((rewards > 0).mean()),
                                     "samples_trained": len(taken), "samples_carried": len(self.carry),
                                     "samples_dropped_total": self.carry_dropped,
+                                    "samples_too_long_total": self.too_long,
                                     "version": self.meta["version"]}
         for name, value in reduce_metrics(result.metrics).items():
             arr = np.asarray(value)
