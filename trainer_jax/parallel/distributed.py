@@ -107,6 +107,10 @@ def init_distributed(cfg: DistributedConfig | None = None, *,
         kwargs, reason = resolve(cfg, env)
         initialized = kwargs is not None
         if initialized:
+            if env.get("JAX_PLATFORMS", "").split(",")[0] == "cpu" and not env.get(
+                    "JAX_CPU_COLLECTIVES_IMPLEMENTATION"):
+                # Multi-process CPU (tests, laptops): cross-process collectives need gloo.
+                jax.config.update("jax_cpu_collectives_implementation", "gloo")
             log.info("jax.distributed.initialize(%s) (%s)", kwargs, reason)
             jax.distributed.initialize(**kwargs)
     info = DistributedInfo(initialized, reason, jax.process_index(), jax.process_count(),

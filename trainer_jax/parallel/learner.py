@@ -65,6 +65,7 @@ class ShardedLearner:
         self._step = jax.jit(self._step_fn, donate_argnums=(0,) if donate else (),
                              out_shardings=(self.state_shardings, replicated, replicated, replicated))
         self._eval = jax.jit(self._eval_fn, out_shardings=(replicated, replicated))
+        self._compiled_steps: dict[Any, jax.stages.Compiled] = {}
 
     @classmethod
     def create(cls, model_config: Any, optimizer: OptimizerConfig, objective: ObjectiveConfig,
@@ -111,9 +112,19 @@ class ShardedLearner:
         """The batch split over the mesh's batch axes (every process passes the same batch)."""
         return shard_batch(inputs, self.mesh, self.rules), shard_batch(batch, self.mesh, self.rules)
 
+    def _compiled(self, state: Any, inputs: PackedInputs, batch: TokenBatch) -> jax.stages.Compiled:
+        """The step compiled ahead of time for this batch signature (cached): one compile per
+        shape, shared by ``step`` and ``compile_step``."""
+        key = (jax.tree.structure((state, inputs, batch)),
+               tuple((x.shape, x.dtype, x.sharding) for x in jax.tree.leaves((state, inputs, batch))))
+        if key not in self._compiled_steps:
+            self._compiled_steps[key] = self._step.lower(state, inputs, batch).compile()
+        return self._compiled_steps[key]
+
     def step(self, inputs: PackedInputs, batch: TokenBatch) -> StepResult:
         inputs, batch = self.place(inputs, batch)
-        new_state, loss, grad_norm, metrics = self._step(self.state(), inputs, batch)
+        state = self.state()
+        new_state, loss, grad_norm, metrics = self._compiled(state, inputs, batch)(state, inputs, batch)
         nnx.update((self.model, self.optimizer), new_state)
         return StepResult(float(loss), float(grad_norm), metrics)
 
@@ -123,6 +134,8 @@ class ShardedLearner:
         return float(loss), metrics
 
     def compile_step(self, inputs: PackedInputs, batch: TokenBatch) -> jax.stages.Compiled:
-        """The compiled step for this batch shape (for ``memory_analysis()`` / ``as_text()``)."""
+        """The compiled step for this batch shape (``memory_analysis()``, ``as_text()``); ``step``
+        reuses it."""
         inputs, batch = self.place(inputs, batch)
-        return self._step.lower(self.state(), inputs, batch).compile()
+        state = self.state()
+        return self._compiled(state, inputs, batch)
