@@ -592,7 +592,18 @@ def comparison(
             "collapse from (with all rewards equal GRPO's advantages are zero and the update is empty)."
         )
     elif tot:
-        if n:
+        others = [r for r in results if r.ok and not (r.pool == "mixed" and r.condition == "grpo")]
+        others_collapsed = sum(r.collapse_step is not None for r in others)
+        if n and others and others_collapsed == len(others):
+            lines.append(
+                f"1. **GRPO collapses on mixed samplers — not reproduced as a GRPO/mixed-specific effect**: "
+                f"uncorrected GRPO on the mixed pool collapsed in {n}/{tot} seeds within {steps} steps, but so did "
+                f"every other cell ({others_collapsed}/{len(others)}, corrected objectives and the homogeneous pool "
+                "included), so in this budget the collapse comes from something all cells share (the raised "
+                "learning rate and the stale samples it makes off-policy), not from the sampler mismatch that "
+                "the corrections target. Per cell: " + contrast + "."
+            )
+        elif n:
             lines.append(
                 f"1. **GRPO collapses on mixed samplers — reproduced** in {n}/{tot} seeds within {steps} steps "
                 f"(first at step {min(r.collapse_step for r in runs('mixed', 'grpo') if r.collapse_step)}). "
@@ -644,9 +655,14 @@ def comparison(
             for c, a, b, ra, rb in corrected
         )
         has_signal = signal([r for c, *_ in corrected for r in runs("mixed", c) + runs("homogeneous", c)])
+        corrected_runs = [r for c, *_ in corrected for r in runs("mixed", c) + runs("homogeneous", c)]
+        all_collapsed = bool(corrected_runs) and all(r.collapse_step is not None for r in corrected_runs)
         verdict = (
             "not assessable (no run had a reward signal)"
             if not has_signal
+            else "not evidence either way (both pools collapsed under the corrected objective too, so they "
+            "match only in failing)"
+            if all_collapsed
             else "consistent with the seed (gap ≤ 0.05)"
             if gaps and max(gaps) <= 0.05
             else "not established (gap > 0.05, within the noise of so few evaluation tasks and seeds)"
@@ -716,7 +732,21 @@ def comparison(
             ),
         )
         g, v = worst
-        if math.isnan(v["oor_share"]):
+        ratios5 = [
+            x["oor_share"] / x["sample_share"]
+            for x in table.values()
+            if x["sample_share"] and not math.isnan(x["oor_share"])
+        ]
+        if ratios5 and max(ratios5) < 1.5:
+            lines.append(
+                "5. **Out-of-range tokens concentrate in the lowest-precision groups (seed: an FP8 group with "
+                "10 % of samples gave 29 % of out-of-range tokens) — not observed here**: every group's share "
+                f"of out-of-range tokens is within {_fmt(min(ratios5), '.2f')}–{_fmt(max(ratios5), '.2f')}x its "
+                f"share of samples (largest: `{g}`). Over these runs most out-of-range tokens come from a "
+                "mismatch all groups share (stale weights), which spreads them in proportion to volume; "
+                "see the k3-at-start column of the main table for the precision part alone."
+            )
+        elif math.isnan(v["oor_share"]):
             top = max(table.items(), key=lambda kv: -1 if math.isnan(kv[1]["k3"]) else kv[1]["k3"])
             lines.append(
                 "5. **Out-of-range tokens concentrate in the lowest-precision groups (seed: an FP8 group with "
@@ -733,6 +763,9 @@ def comparison(
                 f"(mean k3 {_fmt(v['k3'], '.2e')}); see the attribution table for every group."
             )
     # 6. drift.
+    stale_drift = _nanmean(
+        [r.mean_staleness for r in results if r.ok and f"{r.pool}/{r.condition}/seed{r.seed}" in drift]
+    )
     if drift:
         ratios = [
             d["batch"]["drift"] / d["batch"]["uncorrected"]
@@ -752,15 +785,32 @@ def comparison(
                 if small
                 else "It is a sizeable part of the gradient: uncorrected updates add it in expectation every step."
             )
+            + (
+                f" Note that the analysed batches were generated {_fmt(stale_drift, '.1f')} weight versions "
+                "(mean) before the final weights they are scored with, so b differs from p by staleness as "
+                "well as by precision; the per-group rows separate the precision part only as far as the "
+                "staleness is equal across groups."
+                if not math.isnan(stale_drift) and stale_drift > 0.5
+                else ""
+            )
             + _drift_by_group(drift)
         )
-    lines += [
-        "",
-        "Interpretation: at this scale the loop, the objective and the diagnostics behave as designed; "
-        "the magnitudes (steps, model size, reply length) are far from the seed's, so where a finding "
-        "is 'not reproduced' above it means 'not observable in this budget', not 'refuted'.",
-        "",
-    ]
+    ok_runs = [r for r in results if r.ok]
+    if ok_runs and all(r.collapse_step is not None for r in ok_runs):
+        closing = (
+            f"Interpretation: every cell collapsed within {steps} steps, so this grid does not separate the "
+            "objectives: the shared settings (learning rate, no staleness cap) destabilise all of them before "
+            "the sampler mismatch can matter. The next run to make is the same grid at a lower learning rate "
+            "(or with train.max_staleness) for more steps and more seeds, where the corrected conditions have "
+            "a chance to stay up while uncorrected GRPO on the mixed pool drifts. Where a finding is 'not "
+            "reproduced' above it means 'not observable in this budget', not 'refuted'."
+        )
+    else:
+        closing = (
+            "Interpretation: the magnitudes here (steps, model size, reply length) are far from the seed's, so "
+            "where a finding is 'not reproduced' above it means 'not observable in this budget', not 'refuted'."
+        )
+    lines += ["", closing, ""]
     return lines
 
 
