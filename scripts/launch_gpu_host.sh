@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Run mixrl on a multi-GPU host: one process drives every local GPU.
+#
+#   scripts/launch_gpu_host.sh CONFIG [key=value ...] [extra args]
+#       the scale-out smoke check (mesh, sharded steps, memory report, see docs/scale_out.md);
+#       MIXRL_CMD="<program>" runs any other program that takes --config (the training job)
+#
+# Several hosts without a cluster manager: start it on every host with
+#   NNODES=2 NODE_RANK=0|1 COORDINATOR=host0:12345 scripts/launch_gpu_host.sh CONFIG mesh.dcn_data=2
+# (under SLURM use scripts/slurm_gpu.sbatch: JAX reads the same from SLURM's environment).
+set -euo pipefail
+
+[[ $# -ge 1 ]] || { sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+config=$1
+shift
+cd "$(dirname "$0")/.."
+
+# Let JAX take most of each GPU up front (the trainer is the only tenant), and let XLA overlap
+# the FSDP all-gathers / gradient reduce-scatters with compute.
+export XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.92}
+export XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_latency_hiding_scheduler=true"
+
+if [[ -n "${NNODES:-}" && "$NNODES" -gt 1 ]]; then
+  export MIXRL_NUM_PROCESSES=$NNODES
+  export MIXRL_PROCESS_ID=${NODE_RANK:?NODE_RANK is required with NNODES > 1}
+  export MIXRL_COORDINATOR_ADDRESS=${COORDINATOR:?COORDINATOR=host:port is required with NNODES > 1}
+fi
+
+read -r -a program <<< "${MIXRL_CMD:-${PYTHON:-.venv/bin/python} -m trainer_jax.parallel.check}"
+exec "${program[@]}" --config "$config" "$@"

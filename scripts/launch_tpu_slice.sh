@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Run mixrl on every host of a Cloud TPU slice: one process per host, the same command on all.
+#
+#   scripts/launch_tpu_slice.sh setup TPU_NAME ZONE
+#       copy this checkout (git-tracked files) to every host and install it with jax[tpu]
+#   scripts/launch_tpu_slice.sh run TPU_NAME ZONE CONFIG [key=value ...] [-- extra args]
+#       the scale-out smoke check on every host (mesh, sharded steps, memory report); with
+#       MIXRL_CMD="<program>" any other program that takes --config, e.g. the training job
+#   scripts/launch_tpu_slice.sh stop TPU_NAME ZONE
+#       kill leftover mixrl processes on every host (they hold the TPU chips)
+#
+# Environment: MIXRL_REMOTE_DIR (default ~/mixrl), DRY_RUN=1 prints the gcloud commands only.
+# jax.distributed needs nothing: on a slice JAX reads the coordinator, process count and id from
+# the TPU metadata server (distributed.mode: "on" in configs/tpu_slice.yaml). See docs/scale_out.md.
+set -euo pipefail
+
+usage() { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+[[ $# -ge 3 ]] || usage
+action=$1 tpu=$2 zone=$3
+shift 3
+remote_dir=${MIXRL_REMOTE_DIR:-'~/mixrl'}
+
+gcloud_tpu() {  # gcloud_tpu ssh|scp ARGS...: every worker of the slice
+  local cmd=(gcloud compute tpus tpu-vm "$1" --zone "$zone" --worker=all "${@:2}")
+  if [[ -n "${DRY_RUN:-}" ]]; then printf '%q ' "${cmd[@]}"; echo; else "${cmd[@]}"; fi
+}
+
+case $action in
+  setup)
+    archive=$(mktemp -d)/mixrl.tar.gz
+    git -C "$(dirname "$0")/.." archive --format=tar.gz -o "$archive" HEAD
+    gcloud_tpu scp "$archive" "$tpu:/tmp/mixrl.tar.gz"
+    gcloud_tpu ssh "$tpu" --command "mkdir -p $remote_dir && tar -xzf /tmp/mixrl.tar.gz -C $remote_dir \
+      && cd $remote_dir && python3 -m venv .venv && .venv/bin/pip install -q -e '.[tpu]'"
+    ;;
+  run)
+    [[ $# -ge 1 ]] || usage
+    config=$1
+    shift
+    program=${MIXRL_CMD:-.venv/bin/python -m trainer_jax.parallel.check}
+    args=$(printf '%q ' "$@")
+    # Every host logs to its own file in the run's directory and to this terminal.
+    gcloud_tpu ssh "$tpu" --command "cd $remote_dir && mkdir -p logs && \
+      $program --config $(printf '%q' "$config") $args 2>&1 | tee logs/\$(hostname).log"
+    ;;
+  stop)
+    gcloud_tpu ssh "$tpu" --command "pkill -u \$USER -f 'python.*(trainer_jax|mixrl-train)' || true"
+    ;;
+  *) usage ;;
+esac
