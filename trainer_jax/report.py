@@ -603,6 +603,16 @@ def comparison(
                 "learning rate and the stale samples it makes off-policy), not from the sampler mismatch that "
                 "the corrections target. Per cell: " + contrast + "."
             )
+        elif n and (
+            collapsed("homogeneous", "grpo")[0]
+            or any(collapsed("mixed", c)[0] for c in ("sc_mis", "sc_mis_topp"))
+        ):
+            lines.append(
+                f"1. **GRPO collapses on mixed samplers — ambiguous**: uncorrected GRPO on the mixed pool "
+                f"collapsed in {n}/{tot} seeds within {steps} steps, but so did at least one control (GRPO on "
+                "the homogeneous pool or a corrected objective on the mixed pool), so the collapse is not "
+                "attributable to the sampler mismatch alone. Per cell: " + contrast + "."
+            )
         elif n:
             lines.append(
                 f"1. **GRPO collapses on mixed samplers — reproduced** in {n}/{tot} seeds within {steps} steps "
@@ -711,7 +721,7 @@ def comparison(
                 + (
                     " Later the per-token KL of both pools is dominated by what they share, the policy moving "
                     "between the weights a sample was generated with and the trainer's (mean staleness "
-                    f"{_fmt(stale, '.2f')} versions, no staleness cap, learning rate raised for the sweep)."
+                    f"{_fmt(stale, '.2f')} versions, no staleness cap)."
                     if float(np.mean(starts)) > 2 * mean_ratio
                     else ""
                 )
@@ -758,7 +768,7 @@ def comparison(
         else:
             lines.append(
                 f"5. **Out-of-range tokens concentrate in the lowest-precision groups (seed: an FP8 group with 10 % "
-                f"of samples gave 29 % of out-of-range tokens)** — here group `{g}` produced {_fmt(100 * v['sample_share'], '.0f')} % "
+                f"of samples gave 29 % of out-of-range tokens)** — here the most over-represented group is `{g}`: it produced {_fmt(100 * v['sample_share'], '.0f')} % "
                 f"of the samples and {_fmt(100 * v['oor_share'], '.0f')} % of the out-of-range tokens "
                 f"(mean k3 {_fmt(v['k3'], '.2e')}); see the attribution table for every group."
             )
