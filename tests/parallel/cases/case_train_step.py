@@ -77,9 +77,11 @@ def _compare(results, state, ref_results, ref_state, steps: int = 2):
         assert np.all(got_rms[noise] < 1e-6), f"{key}: a gradient is zero in one run only"
         err = rel_err(np.where(noise, 0, got["params"][key]), np.where(noise, 0, ref_param))
         assert err <= TOL, f"param {key}: relative error {err:.2e}"
-    got_m, want_m = reduce_metrics(results[-1].metrics), reduce_metrics(ref_results[-1].metrics)
-    for name in ("tokens", "k3", "entropy", "is_weight", "truncated"):
-        np.testing.assert_allclose(np.asarray(got_m[name]), np.asarray(want_m[name]), rtol=1e-4, atol=1e-6)
+    # Diagnostics of the first step (identical parameters; the second step's k3 = r - 1 - log r
+    # amplifies the numerically-zero-gradient parameter noise above by r, up to 30 here).
+    got_m, want_m = reduce_metrics(results[0].metrics), reduce_metrics(ref_results[0].metrics)
+    for name in ("tokens", "k3", "entropy", "is_weight", "truncated", "head_kl", "rho"):
+        np.testing.assert_allclose(np.asarray(got_m[name]), np.asarray(want_m[name]), rtol=TOL, atol=1e-6)
 
 
 @pytest.mark.parametrize("mesh_name", list(MESHES))
