@@ -55,7 +55,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Sequence
 
-from sampler_torch.engine.params import Completion, SamplingParams
+from sampler_torch.engine.params import Completion, SamplingParams, per_request
 from sampler_torch.recipes import Recipe, RecipeError, WeightLoadError, get_recipe, verify_export
 
 #: ``--quantization`` per weight format (checkpoints also carry it in ``quantization_config``)
@@ -236,16 +236,7 @@ class SGLangBackend:
     def generate(self, prompts: Sequence[Sequence[int]],
                  params: SamplingParams | Sequence[SamplingParams]) -> list[Completion]:
         """One batched ``/generate`` call; completions in prompt order (see the module doc)."""
-        if isinstance(params, SamplingParams):
-            base = params.seed if params.seed is not None else int.from_bytes(os.urandom(7))
-            plist = [params] * len(prompts)
-            seeds = [(base + i) % 2**63 for i in range(len(prompts))]
-        else:
-            plist = list(params)
-            if len(plist) != len(prompts):
-                raise ValueError(f"{len(prompts)} prompts but {len(plist)} SamplingParams")
-            seeds = [p.seed if p.seed is not None else int.from_bytes(os.urandom(7))
-                     for p in plist]
+        plist, seeds = per_request(len(prompts), params)
         if not prompts:
             return []
         if any(len(p) == 0 for p in prompts):

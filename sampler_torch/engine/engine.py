@@ -27,7 +27,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import os
-import secrets
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -36,7 +35,7 @@ import numpy as np
 import torch
 
 from sampler_torch.engine.forward import EngineForward
-from sampler_torch.engine.params import Completion, SamplingParams
+from sampler_torch.engine.params import Completion, SamplingParams, per_request
 from sampler_torch.engine.sampling import sample_step, sample_untruncated_compiled, uniforms
 from sampler_torch.recipes import (
     LoadedModel,
@@ -180,15 +179,7 @@ class Engine:
     def _requests(self, prompts: Sequence[Sequence[int]],
                   params: SamplingParams | Sequence[SamplingParams]) -> list[_Request]:
         vocab = self.config.vocab_size
-        if isinstance(params, SamplingParams):
-            base = params.seed if params.seed is not None else secrets.randbits(62)
-            plist = [params] * len(prompts)
-            seeds = [(base + i) % 2**63 for i in range(len(prompts))]
-        else:
-            plist = list(params)
-            if len(plist) != len(prompts):
-                raise ValueError(f"{len(prompts)} prompts but {len(plist)} SamplingParams")
-            seeds = [p.seed if p.seed is not None else secrets.randbits(62) for p in plist]
+        plist, seeds = per_request(len(prompts), params)
         reqs = []
         for i, (prompt, p, seed) in enumerate(zip(prompts, plist, seeds, strict=True)):
             prompt = [int(t) for t in prompt]

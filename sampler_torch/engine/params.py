@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import secrets
+from collections.abc import Sequence
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,3 +82,19 @@ class Completion:
     versions: list[int] = dataclasses.field(default_factory=list)
     finish_reason: str = "length"
     seed: int = 0
+
+
+def per_request(n: int, params: SamplingParams | Sequence[SamplingParams]
+                ) -> tuple[list[SamplingParams], list[int]]:
+    """One ``SamplingParams`` and one seed per request of a ``generate`` call.
+
+    A single ``SamplingParams`` applies to all ``n`` requests, request ``i`` seeded ``seed + i``
+    (a fresh random base when ``seed`` is None); a sequence must hold exactly ``n``.
+    """
+    if isinstance(params, SamplingParams):
+        base = params.seed if params.seed is not None else secrets.randbits(62)
+        return [params] * n, [(base + i) % 2**63 for i in range(n)]
+    plist = list(params)
+    if len(plist) != n:
+        raise ValueError(f"{n} prompts but {len(plist)} SamplingParams")
+    return plist, [p.seed if p.seed is not None else secrets.randbits(62) for p in plist]
