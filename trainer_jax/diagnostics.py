@@ -83,18 +83,20 @@ class CollapseAlarms:
     """The failure signs of the seed experiment, checked every step.
 
     - reward collapse: the moving average falls below ``reward_drop`` x its best after warmup;
-    - KL blow-up: the moving average of k3 exceeds ``kl_factor`` x its level over the first
-      ``baseline_steps`` steps;
+    - KL blow-up: the moving average of k3 exceeds ``kl_factor`` x its level over the
+      ``baseline_steps`` steps after the first ``settle_steps`` (the learning-rate warmup and the
+      first round trip of weights, during which k3 is still far below its working level);
     - empty replies: their share rises above ``empty_share``.
     """
 
     def __init__(self, *, baseline_steps: int = 5, window: int = 5, reward_drop: float = 0.5,
-                 kl_factor: float = 3.0, empty_share: float = 0.3):
-        self.baseline_steps, self.window = baseline_steps, window
+                 kl_factor: float = 3.0, empty_share: float = 0.3, settle_steps: int = 0):
+        self.baseline_steps, self.window, self.settle_steps = baseline_steps, window, settle_steps
         self.reward_drop, self.kl_factor, self.empty_share = reward_drop, kl_factor, empty_share
         self.rewards: list[float] = []
         self.kls: list[float] = []
         self.best_reward = -math.inf
+        self._raised: set[str] = set()
 
     def update(self, reward: float | None, k3: float | None, empty_share: float | None) -> list[str]:
         alarms = []
@@ -108,14 +110,27 @@ class CollapseAlarms:
                 alarms.append(f"reward collapsing: {avg:.3f} vs best {self.best_reward:.3f}")
         if k3 is not None:
             self.kls.append(k3)
-            if len(self.kls) > self.baseline_steps + self.window:
-                base = sum(self.kls[: self.baseline_steps]) / self.baseline_steps
+            early = self.kls[self.settle_steps: self.settle_steps + self.baseline_steps]
+            if len(self.kls) > self.settle_steps + self.baseline_steps + self.window:
+                base = sum(early) / self.baseline_steps
                 avg = sum(self.kls[-self.window:]) / self.window
                 if base > 0 and avg > self.kl_factor * base:
-                    alarms.append(f"KL(b||p) at {avg / base:.1f}x its early level ({avg:.2e})")
+                    alarms.append(f"KL blow-up: k3 at {avg / base:.1f}x its early level ({avg:.2e})")
         if empty_share is not None and empty_share > self.empty_share:
-            alarms.append(f"empty replies at {empty_share:.0%} of episodes")
+            alarms.append(f"empty replies: {empty_share:.0%} of episodes")
         return alarms
+
+    def transitions(self, alarms: list[str]) -> list[str]:
+        """What changed since the last call: alarms newly raised, and ``cleared: ...`` for ended ones.
+
+        ``update`` reports every active alarm every step (the metrics count them); a console wants
+        only the edges, or a long KL excursion prints the same line hundreds of times.
+        """
+        kinds = {a.split(":", 1)[0]: a for a in alarms}  # "KL blow-up: ..." -> "KL blow-up"
+        raised = [a for kind, a in kinds.items() if kind not in self._raised]
+        cleared = [f"cleared: {kind}" for kind in sorted(self._raised - kinds.keys())]
+        self._raised = set(kinds)
+        return raised + cleared
 
 
 def _matching(names: Iterable[str], pattern: str) -> list[str]:

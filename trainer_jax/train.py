@@ -175,7 +175,7 @@ class Trainer:
             self.meta = self.checkpointer.restore(self.model, self.learner.optimizer)
             self.console.print(f"resumed from step {self.meta['step']} (weights v{self.meta['version']})")
         self.sink = MetricsSink(run)
-        self.alarms = CollapseAlarms()
+        self.alarms = CollapseAlarms(settle_steps=cfg.optimizer.warmup_steps + 5)
         self.source = build_task_source(cfg.tasks)
         if hasattr(self.source, "cursor"):
             self.source.cursor = int(self.meta["task_cursor"])
@@ -383,6 +383,7 @@ class Trainer:
         try:
             if not self.resume or "eval_start" not in self.meta["history"]:
                 self.meta["history"]["eval_start"] = self.evaluate(paths["bf16"], "start")
+                self.sink.write(self.meta["step"], self.meta["history"]["eval_start"])
             self._spawn_samplers(paths)
             self._loop()
             self.publisher.close()  # the last requested version is on disk before the final eval
@@ -436,7 +437,7 @@ class Trainer:
                     values.update(self.evaluate(self._latest_bf16(), f"step {step}"))
                 alarms = self.alarms.update(values["reward_mean"], values.get("k3"),
                                             values.get("termination/empty_reply", 0.0))
-                for alarm in alarms:
+                for alarm in self.alarms.transitions(alarms):
                     progress.console.print(f"[red]alarm[/red] step {step}: {alarm}")
                 values["alarms"] = len(alarms)
                 self.sink.write(step, values)

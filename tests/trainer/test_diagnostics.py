@@ -43,3 +43,27 @@ def test_alarms_fire_on_the_seed_failure_modes():
     assert any("reward collapsing" in a for a in fired[14])
     assert any("KL" in a for a in fired[14])
     assert any("empty replies" in a for a in fired[16])
+
+
+def test_alarm_transitions_report_each_alarm_once_and_its_end():
+    alarms = CollapseAlarms(baseline_steps=3, window=3)
+    printed = []
+    for step in range(30):
+        k3 = 5e-3 if 10 <= step < 20 else 1e-3
+        printed.append(alarms.transitions(alarms.update(0.5, k3, 0.0)))
+    kl_lines = [(step, line) for step, lines in enumerate(printed) for line in lines if "KL" in line]
+    # One line when the KL alarm starts (its moving average crosses 3x), one when it ends.
+    assert len(kl_lines) == 2, kl_lines
+    (start, first), (end, last) = kl_lines
+    assert 10 <= start < 20 and first.startswith("KL blow-up: k3 at")
+    assert end > start and last == "cleared: KL blow-up"
+
+
+def test_kl_baseline_starts_after_the_settle_steps():
+    # k3 ramps up during warmup and then holds: measured from step 0 the plateau looks like a
+    # blow-up, measured after the ramp it does not.
+    ramp = [1e-4 * (i + 1) for i in range(5)] + [1e-3] * 20
+    eager, settled = CollapseAlarms(baseline_steps=3, window=3), CollapseAlarms(baseline_steps=3, window=3,
+                                                                                 settle_steps=5)
+    assert any("KL" in a for k3 in ramp for a in eager.update(0.5, k3, 0.0))
+    assert not any("KL" in a for k3 in ramp for a in settled.update(0.5, k3, 0.0))
