@@ -118,14 +118,14 @@ def sft_main(argv: list[str]) -> int:
         return 2
     import numpy as np
 
-    from convert.tokenizer import char_tokenizer, load_tokenizer
+    from convert.tokenizer import char_tokenizer, load_tokenizer, special_token_ids
     from trainer_jax.env_tasks import EnvTaskSource, mix_specs
     from trainer_jax.models import save_hf
     from trainer_jax.sft import warm_start
     from trainer_jax.train import build_policy
 
     tokenizer = load_tokenizer(cfg.model.hf_dir) if cfg.model.hf_dir else char_tokenizer()
-    model, qcfg = build_policy(cfg, tokenizer.get_vocab_size())
+    model, qcfg = build_policy(cfg, tokenizer.get_vocab_size(), special_token_ids(tokenizer))
     envs = EnvTaskSource(mix_specs(cfg.tasks), tokenizer=tokenizer).envs
     losses = warm_start(model, envs, cfg.sft, np.random.default_rng(cfg.run.seed))
     import tempfile

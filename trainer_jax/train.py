@@ -29,7 +29,7 @@ from rich.console import Console
 
 from convert.publish import publish
 from convert.qwen3_config import Qwen3Config
-from convert.tokenizer import char_tokenizer, load_tokenizer
+from convert.tokenizer import char_tokenizer, load_tokenizer, special_token_ids
 from trainer_jax import env_tasks
 from trainer_jax.batching import Sample, pack
 from trainer_jax.checkpoint import Checkpointer
@@ -46,8 +46,13 @@ from trainer_jax.sft import warm_start
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
 
-def build_policy(cfg: RunConfig, vocab_size: int) -> tuple[Qwen3, Qwen3Config]:
-    """The initial policy: an HF checkpoint if configured, else a tiny random Qwen3."""
+def build_policy(cfg: RunConfig, vocab_size: int,
+                 special_ids: dict[str, int] | None = None) -> tuple[Qwen3, Qwen3Config]:
+    """The initial policy: an HF checkpoint if configured, else a tiny random Qwen3.
+
+    ``special_ids`` (``{"bos", "eos", "pad"}`` -> id, from the tokenizer) go into the new model's
+    config, so the published checkpoints name the tokens the tokenizer actually uses.
+    """
     m = cfg.model
     dtype = _DTYPES[m.dtype]
     if m.hf_dir:
@@ -58,7 +63,7 @@ def build_policy(cfg: RunConfig, vocab_size: int) -> tuple[Qwen3, Qwen3Config]:
         num_key_value_heads=m.num_key_value_heads, head_dim=m.head_dim,
         tie_word_embeddings=m.tie_word_embeddings, num_experts=m.num_experts,
         num_experts_per_tok=m.num_experts_per_tok, moe_intermediate_size=m.moe_intermediate_size,
-        extra={"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0})
+        extra={f"{k}_token_id": v for k, v in (special_ids or {}).items()})
     return init_model(qcfg, dtype=dtype, param_dtype=jnp.float32, seed=m.seed), qcfg
 
 
@@ -166,7 +171,8 @@ class Trainer:
         self.tokenizer_dir = run / "tokenizer"
         self.tokenizer_dir.mkdir(exist_ok=True)
         self.tokenizer.save(str(self.tokenizer_dir / "tokenizer.json"))
-        self.model, self.qcfg = build_policy(cfg, self.tokenizer.get_vocab_size())
+        self.model, self.qcfg = build_policy(cfg, self.tokenizer.get_vocab_size(),
+                                             special_token_ids(self.tokenizer))
         objective = cfg.objective.model_copy(update={"num_groups": max(1, len(cfg.groups))})
         self.learner = Learner(self.model, cfg.optimizer, objective)
         self.checkpointer = Checkpointer(run / "checkpoints", keep_last=cfg.train.keep_checkpoints)

@@ -103,12 +103,29 @@ class _LoopShape:
     bn: int
     bd: int  # D rounded up to a power of two (Triton block dims must be powers of two)
     bv: int
+    # Interpreter: the vocabulary is swept as full tiles plus one remainder tile of static width
+    # V % bv instead of a masked tile that reaches past V. A tile past the end of w makes the
+    # interpreter pad w and dw to a tile multiple -- full-size copies (2.4 GiB at Qwen3's V) that
+    # Triton's masked loads never make. Triton needs power-of-two tiles, so it keeps the mask.
+    split_v: bool = False
+
+    @property
+    def full_tiles(self) -> int:
+        """Vocabulary tiles the main loop covers (all of them, the ragged one masked, unless split)."""
+        return self.v // self.bv if self.split_v else pl.cdiv(self.v, self.bv)
+
+    @property
+    def rem(self) -> int:
+        """Width of the separate remainder tile (0: none)."""
+        return self.v % self.bv if self.split_v else 0
 
     def row_mask(self, r0: Array) -> Array | None:
         return (r0 + _iota((self.bn, 1), 0)) < self.n if self.n % self.bn else None
 
-    def col_mask(self, c0: Array) -> Array | None:
-        return (c0 + _iota((1, self.bv), 1)) < self.v if self.v % self.bv else None
+    def col_mask(self, c0: Array, width: int) -> Array | None:
+        if self.split_v or not self.v % self.bv:
+            return None
+        return (c0 + _iota((1, width), 1)) < self.v
 
     def d_mask(self, axis: int) -> Array | None:
         if self.bd == self.d:
@@ -131,12 +148,20 @@ def _store(ref, value: Array, mask: Array | None) -> None:
         plgpu.store(ref, value, mask=jnp.broadcast_to(mask, ref.shape))
 
 
-def _loop_tiles(s: _LoopShape, h_ref, w_ref, r0: Array, c0: Array):
-    """Loads h[rows, :] and w[:, cols] (zeros outside the arrays)."""
-    rm, cm = s.row_mask(r0), s.col_mask(c0)
+def _loop_tiles(s: _LoopShape, h_ref, w_ref, r0: Array, c0: Array, width: int):
+    """Loads h[rows, :] and w[:, c0:c0 + width] (zeros outside the arrays)."""
+    rm, cm = s.row_mask(r0), s.col_mask(c0, width)
     h = _load(h_ref.at[pl.ds(r0, s.bn), pl.ds(0, s.bd)], _and(rm, s.d_mask(1)))
-    w = _load(w_ref.at[pl.ds(0, s.bd), pl.ds(c0, s.bv)], _and(s.d_mask(0), cm))
+    w = _load(w_ref.at[pl.ds(0, s.bd), pl.ds(c0, width)], _and(s.d_mask(0), cm))
     return h, w, rm, cm
+
+
+def _sweep_vocab(s: _LoopShape, tile, carry):
+    """``carry = tile(carry, c0, width)`` over the vocabulary: full tiles, then the remainder."""
+    carry = lax.fori_loop(0, s.full_tiles, lambda j, c: tile(c, j * s.bv, s.bv), carry)
+    if s.rem:
+        carry = tile(carry, s.full_tiles * s.bv, s.rem)
+    return carry
 
 
 def _masked_logits(h: Array, w: Array, inv_t: Array, cm: Array | None) -> Array:
@@ -148,12 +173,11 @@ def _fwd_loop_kernel(t_ref, h_ref, w_ref, lse_ref, ent_ref, *, s: _LoopShape):
     r0 = pl.program_id(0) * s.bn
     inv_t = t_ref[0]
 
-    def body(j, carry):
-        h, w, _, cm = _loop_tiles(s, h_ref, w_ref, r0, j * s.bv)
+    def tile(carry, c0, width):
+        h, w, _, cm = _loop_tiles(s, h_ref, w_ref, r0, c0, width)
         return _online.online_update(carry, _masked_logits(h, w, inv_t, cm))
 
-    carry = lax.fori_loop(0, pl.cdiv(s.v, s.bv), body, _online.init_carry(s.bn))
-    lse, ent = _online.finalize(carry)
+    lse, ent = _online.finalize(_sweep_vocab(s, tile, _online.init_carry(s.bn)))
     rm = s.row_mask(r0)
     _store(lse_ref.at[pl.ds(r0, s.bn), :], lse, rm)
     _store(ent_ref.at[pl.ds(r0, s.bn), :], ent, rm)
@@ -166,35 +190,39 @@ def _dh_loop_kernel(t_ref, h_ref, w_ref, g_ref, lse_ref, dh_ref, *, s: _LoopShap
     g = _load(g_ref.at[pl.ds(r0, s.bn), :], rm)  # ragged rows: g = 0, so dZ = 0
     lse = _load(lse_ref.at[pl.ds(r0, s.bn), :], rm)
 
-    def body(j, acc):
-        h, w, _, cm = _loop_tiles(s, h_ref, w_ref, r0, j * s.bv)
+    def tile(acc, c0, width):
+        h, w, _, cm = _loop_tiles(s, h_ref, w_ref, r0, c0, width)
         dz = _probs_times_g(_masked_logits(h, w, inv_t, cm), g, lse, w.dtype)
         return acc + _dot(dz, w, contract=(1, 1))  # dZ w^T: [bn, bd]
 
-    acc = lax.fori_loop(
-        0, pl.cdiv(s.v, s.bv), body, jnp.zeros((s.bn, s.bd), jnp.float32)
-    )
+    acc = _sweep_vocab(s, tile, jnp.zeros((s.bn, s.bd), jnp.float32))
     out = (acc * inv_t).astype(dh_ref.dtype)
     _store(dh_ref.at[pl.ds(r0, s.bn), pl.ds(0, s.bd)], out, _and(rm, s.d_mask(1)))
 
 
 def _dw_loop_kernel(t_ref, h_ref, w_ref, g_ref, lse_ref, dw_ref, *, s: _LoopShape):
-    c0 = pl.program_id(0) * s.bv
     inv_t = t_ref[0]
 
-    def body(i, acc):
-        r0 = i * s.bn
-        h, w, rm, cm = _loop_tiles(s, h_ref, w_ref, r0, c0)
-        g = _load(g_ref.at[pl.ds(r0, s.bn), :], rm)
-        lse = _load(lse_ref.at[pl.ds(r0, s.bn), :], rm)
-        dz = _probs_times_g(_masked_logits(h, w, inv_t, cm), g, lse, h.dtype)
-        return acc + _dot(h, dz, contract=(0, 0))  # h^T dZ: [bd, bv]
+    def columns(c0, width: int) -> None:
+        def body(i, acc):
+            r0 = i * s.bn
+            h, w, rm, cm = _loop_tiles(s, h_ref, w_ref, r0, c0, width)
+            g = _load(g_ref.at[pl.ds(r0, s.bn), :], rm)
+            lse = _load(lse_ref.at[pl.ds(r0, s.bn), :], rm)
+            dz = _probs_times_g(_masked_logits(h, w, inv_t, cm), g, lse, h.dtype)
+            return acc + _dot(h, dz, contract=(0, 0))  # h^T dZ: [bd, width]
 
-    acc = lax.fori_loop(
-        0, pl.cdiv(s.n, s.bn), body, jnp.zeros((s.bd, s.bv), jnp.float32)
-    )
-    out = (acc * inv_t).astype(dw_ref.dtype)
-    _store(dw_ref.at[pl.ds(0, s.bd), pl.ds(c0, s.bv)], out, _and(s.d_mask(0), s.col_mask(c0)))
+        acc = lax.fori_loop(0, pl.cdiv(s.n, s.bn), body, jnp.zeros((s.bd, width), jnp.float32))
+        out = (acc * inv_t).astype(dw_ref.dtype)
+        _store(dw_ref.at[pl.ds(0, s.bd), pl.ds(c0, width)], out,
+               _and(s.d_mask(0), s.col_mask(c0, width)))
+
+    j = pl.program_id(0)
+    if s.rem:  # the last program owns the remainder tile, at its own static width
+        lax.cond(j == s.full_tiles, lambda: columns(s.full_tiles * s.bv, s.rem),
+                 lambda: columns(j * s.bv, s.bv))
+    else:
+        columns(j * s.bv, s.bv)
 
 
 def _loop_shape(h: Array, w: Array, cfg: _Config) -> _LoopShape:
@@ -203,7 +231,11 @@ def _loop_shape(h: Array, w: Array, cfg: _Config) -> _LoopShape:
     # Power-of-two tiles (Triton), at least 16 (tl.dot), no larger than needed.
     bn = max(16, min(cfg.block_n, pl.next_power_of_2(n)))
     bv = max(16, min(cfg.block_v, pl.next_power_of_2(v)))
-    return _LoopShape(n=n, d=d, v=v, bn=bn, bd=max(16, pl.next_power_of_2(d)), bv=bv)
+    # The interpreter takes any D and tile width; rounding up there would pad h and w.
+    bd = d if cfg.interpret else max(16, pl.next_power_of_2(d))
+    if cfg.interpret:
+        bv = min(cfg.block_v, v)
+    return _LoopShape(n=n, d=d, v=v, bn=bn, bd=bd, bv=bv, split_v=cfg.interpret)
 
 
 def _call_loop(kernel, s: _LoopShape, grid: int, out_shape, cfg: _Config, name: str, *args):
