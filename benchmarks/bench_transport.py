@@ -3,12 +3,13 @@
 8 client processes submit trajectories of 4,096 policy tokens with a K=20 head (the DESIGN.md
 section 3 record: token ids, loss mask, logprob, logprob_full, version, head ids + logprobs) to a
 real ``mixrl-train serve`` process over gRPC on 127.0.0.1, which validates every one, groups and
-drops them. Each client leases its tasks, builds each message from numpy arrays (as a sampler
-would) and submits it, one unary call at a time; a second gRPC pass uses one ``SubmitStream`` per
-leased batch. The baseline sends the identical serialized bytes, length-prefixed, from 8 processes
-to one receiving process over plain TCP sockets and waits for a 1-byte ack per message. A fourth
-phase sends the same bytes to a gRPC method that does nothing with them: the ceiling of Python
-gRPC on this machine, so the report separates gRPC's own cost from the trajectory path's.
+drops them. Each client leases its tasks, encodes each trajectory from numpy arrays straight to
+wire bytes (``encode_trajectory``, as the sampler loop does) and submits it, one unary call at a
+time; a second gRPC pass uses one ``SubmitStream`` per leased batch. The baseline sends the
+identical serialized bytes, length-prefixed, from 8 processes to one receiving process over plain
+TCP sockets and waits for a 1-byte ack per message. A fourth phase sends the same bytes to a gRPC
+method that does nothing with them: the ceiling of Python gRPC on this machine, so the report
+separates gRPC's own cost from the trajectory path's.
 
     .venv/bin/python benchmarks/bench_transport.py [--clients 8] [--per-client 48] [--quick]
         [--out benchmarks/results/bench_transport.json]
@@ -135,7 +136,7 @@ def client_main(address: str, raw_port: int, opaque_port: int, payload: bytes, a
     import grpc
 
     from mixrl_wire import BULK_CHANNEL_OPTIONS
-    from sampler_torch.client import RolloutClient, build_trajectory
+    from sampler_torch.client import RolloutClient, encode_trajectory
 
     arrays = behaviour_arrays(args.tokens, args.k, seed)
     client = RolloutClient(address, TOKEN, group=f"bench-{seed % 2}", capacity=8, name=f"bench-{seed}",
@@ -167,8 +168,8 @@ def client_main(address: str, raw_port: int, opaque_port: int, payload: bytes, a
             if not tasks:
                 time.sleep(0.01)
                 continue
-            # Built from numpy arrays per sample, as a sampler does: encoding is part of the cost.
-            trajs = [build_trajectory(t, i, finish_reason="length", **arrays)
+            # Encoded from numpy arrays per sample, as a sampler does: encoding is part of the cost.
+            trajs = [encode_trajectory(t, i, finish_reason="length", session_id=client.session_id, **arrays)
                      for t in tasks for i in t.sample_indices]
             results = client.submit_many(trajs) if stream else [client.submit(t) for t in trajs]
             bad = [r for r in results if not r.accepted]

@@ -33,7 +33,8 @@ from pathlib import Path
 import grpc
 import numpy as np
 
-from mixrl_wire import BULK_CHANNEL_OPTIONS, pb, pb_grpc
+from mixrl_wire import BULK_CHANNEL_OPTIONS, SERVICE_NAME, pb, pb_grpc
+from mixrl_wire import encoder as wire
 from mixrl_wire.arrays import encode
 
 log = logging.getLogger("mixrl.client")
@@ -159,6 +160,14 @@ class RolloutClient:
         else:
             self._channel = grpc.insecure_channel(address, options=options)
         self._stub = pb_grpc.RolloutStub(self._channel)
+        # Submit and SubmitStream send serialized bytes as they are: an ``EncodedTrajectory`` is
+        # already on the wire format, a ``pb.Trajectory`` is serialized once by ``_wire_bytes``.
+        self._submit = self._channel.unary_unary(
+            f"/{SERVICE_NAME}/Submit", request_serializer=None,
+            response_deserializer=pb.SubmitAck.FromString, _registered_method=True)
+        self._submit_stream = self._channel.stream_stream(
+            f"/{SERVICE_NAME}/SubmitStream", request_serializer=None,
+            response_deserializer=pb.SubmitAck.FromString, _registered_method=True)
 
     # ---------------------------------------------------------------- plumbing
 
@@ -281,29 +290,40 @@ class RolloutClient:
         return self._call("status", lambda: self._stub.Status(
             pb.StatusRequest(), timeout=self.rpc_timeout_s, metadata=self._metadata), session=False)
 
-    def _presubmit(self, traj: pb.Trajectory) -> SubmitResult | None:
-        traj.session_id = self.session_id or ""
-        size = _size_bound(traj)
+    def _wire_bytes(self, traj: pb.Trajectory | EncodedTrajectory) -> bytes | SubmitResult:
+        """The serialized ``traj`` for this session, or a local refusal (over the size limit)."""
+        sid = self.session_id or ""
+        if isinstance(traj, EncodedTrajectory):
+            data = traj.for_session(sid)
+            size = len(data)
+        else:
+            traj.session_id = sid
+            size = _size_bound(traj)  # refuse a huge message before serializing it
+            data = b""
+            if size <= self.max_message_bytes:
+                data = traj.SerializeToString()
+                size = len(data)
         if size > self.max_message_bytes:
             return SubmitResult(traj.task_id, traj.sample_index, grpc.StatusCode.RESOURCE_EXHAUSTED,
                                 f"trajectory of {size} bytes exceeds the {self.max_message_bytes}-byte limit")
-        return None
+        return data
 
-    def submit(self, traj: pb.Trajectory) -> SubmitResult:
+    def submit(self, traj: pb.Trajectory | EncodedTrajectory) -> SubmitResult:
         """Submit one trajectory; retried on transient errors (safe: idempotent on the server).
 
-        Never raises for a refused sample: the result's ``code``/``reason`` say why
+        ``traj``: a message (``build_trajectory``) or, cheaper, the wire bytes ``encode_trajectory``
+        wrote. Never raises for a refused sample: the result's ``code``/``reason`` say why
         (``INVALID_ARGUMENT`` naming the field, ``NOT_FOUND`` if the lease died with a lost session).
         """
         if self.session_id is None:
             self.register()
         delays, start = self.backoff.delays(), time.monotonic()
         while True:
-            early = self._presubmit(traj)
-            if early is not None:
-                return early
+            data = self._wire_bytes(traj)
+            if isinstance(data, SubmitResult):
+                return data
             try:
-                ack = self._stub.Submit(traj, timeout=self.rpc_timeout_s, metadata=self._metadata)
+                ack = self._submit(data, timeout=self.rpc_timeout_s, metadata=self._metadata)
                 return SubmitResult(ack.task_id, ack.sample_index, _OK, duplicate=ack.duplicate)
             except grpc.RpcError as e:
                 code = e.code()
@@ -317,7 +337,7 @@ class RolloutClient:
                     self._forget_session()
                 return SubmitResult(traj.task_id, traj.sample_index, code, e.details() or "")
 
-    def submit_many(self, trajs: Iterable[pb.Trajectory]) -> list[SubmitResult]:
+    def submit_many(self, trajs: Iterable[pb.Trajectory | EncodedTrajectory]) -> list[SubmitResult]:
         """Submit on one ``SubmitStream`` (one ack per trajectory); backpressured ones are retried."""
         order = todo = list(trajs)
         if self.session_id is None:
@@ -325,17 +345,18 @@ class RolloutClient:
         results: dict[int, SubmitResult] = {}
         delays, start = self.backoff.delays(), time.monotonic()
         while todo:
-            send = []
+            send, payloads = [], []
             for t in todo:
-                early = self._presubmit(t)
-                if early is not None:
-                    results[id(t)] = early
+                data = self._wire_bytes(t)
+                if isinstance(data, SubmitResult):
+                    results[id(t)] = data
                 else:
                     send.append(t)
-            retry: list[pb.Trajectory] = []
+                    payloads.append(data)
+            retry: list[pb.Trajectory | EncodedTrajectory] = []
             try:
-                acks = self._stub.SubmitStream(iter(send), timeout=self.rpc_timeout_s * max(1, len(send)),
-                                               metadata=self._metadata)
+                acks = self._submit_stream(iter(payloads), timeout=self.rpc_timeout_s * max(1, len(send)),
+                                           metadata=self._metadata)
                 for t, ack in zip(send, acks, strict=False):
                     code = _CODES.get(ack.code, grpc.StatusCode.UNKNOWN)
                     if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
@@ -600,3 +621,63 @@ def build_trajectory(task: pb.Task, sample_index: int, *, token_ids, logprobs, l
     if reward is not None:
         msg.reward = float(reward)
     return msg
+
+
+@dataclasses.dataclass(frozen=True)
+class EncodedTrajectory:
+    """A ``Trajectory`` already serialized (``encode_trajectory``): submitted without re-encoding.
+
+    ``data`` is the message for ``session_id``; ``for_session`` rewrites only that leading field
+    when the client's session changed (a re-registration) since it was encoded.
+    """
+
+    task_id: int
+    sample_index: int
+    data: bytes
+    session_id: str = ""
+
+    def for_session(self, session_id: str) -> bytes:
+        """The wire bytes with ``session_id`` (field 1, which the encoder writes first)."""
+        if session_id == self.session_id:
+            return self.data
+        old = len(wire.string_field(1, self.session_id))
+        return wire.string_field(1, session_id) + memoryview(self.data)[old:]
+
+    def to_message(self) -> pb.Trajectory:
+        """The same trajectory as a protobuf message (for inspection; not on the hot path)."""
+        return pb.Trajectory.FromString(self.data)
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+
+def _wire_array(values, dtype: str) -> np.ndarray:
+    return np.ascontiguousarray(values, dtype=np.dtype(dtype).newbyteorder("<"))
+
+
+def encode_trajectory(task: pb.Task, sample_index: int, *, token_ids, logprobs, logprobs_full, versions,
+                      head_ids, head_logprobs, loss_mask=None, support_ids=None, support_logprobs=None,
+                      reward: float | None = None, finish_reason: str = "", queue_ms: float = 0.0,
+                      generate_ms: float = 0.0, session_id: str = "") -> EncodedTrajectory:
+    """``build_trajectory``'s trajectory written straight to the wire format from numpy arrays.
+
+    Same arguments and the same message (``pb.Trajectory.FromString(encoded.data)`` equals what
+    ``build_trajectory`` returns, with ``session_id`` set), without protobuf ``Array`` objects or
+    a serialization pass: each array is copied once. Pass the client's ``session_id`` to save the
+    copy that ``submit`` otherwise makes to insert it.
+    """
+    tokens = _wire_array(token_ids, "int32")
+    mask = np.ones(tokens.shape, np.uint8) if loss_mask is None else _wire_array(loss_mask, "uint8")
+    arrays = {"token_ids": tokens, "loss_mask": mask, "logprobs": _wire_array(logprobs, "float32"),
+              "logprobs_full": _wire_array(logprobs_full, "float32"),
+              "versions": _wire_array(versions, "int32"), "head_ids": _wire_array(head_ids, "int32"),
+              "head_logprobs": _wire_array(head_logprobs, "float32")}
+    if support_ids is not None:
+        indptr, ids, lps = _support_csr(support_ids, support_logprobs, int(mask.sum()))
+        arrays.update(support_indptr=_wire_array(indptr, "int32"), support_ids=_wire_array(ids, "int32"),
+                      support_logprobs=_wire_array(lps, "float32"))
+    data = wire.encode_trajectory(session_id=session_id, lease_id=task.lease_id, task_id=task.task_id,
+                                  sample_index=sample_index, arrays=arrays,
+                                  reward=None if reward is None else float(reward),
+                                  finish_reason=finish_reason, timings=(float(queue_ms), float(generate_ms)))
+    return EncodedTrajectory(task.task_id, sample_index, data, session_id)

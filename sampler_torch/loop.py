@@ -30,7 +30,7 @@ from typing import Any
 import grpc
 
 from mixrl_wire import pb
-from sampler_torch.client import RolloutClient, RolloutError, build_trajectory
+from sampler_torch.client import RolloutClient, RolloutError, encode_trajectory
 
 log = logging.getLogger("mixrl.sampler")
 
@@ -149,8 +149,9 @@ class SamplerLoop:
         for (task, idx), rec in zip(items, records, strict=True):
             if task.lease_id in self.client.expired_leases:
                 continue  # the trainer already re-queued it; submitting would only be refused
-            trajs.append(build_trajectory(task, idx, queue_ms=(t0 - leased_at) * 1000,
-                                          generate_ms=gen_ms, **rec))
+            # Straight to wire bytes: no protobuf arrays, no serialization pass (see encode_trajectory).
+            trajs.append(encode_trajectory(task, idx, queue_ms=(t0 - leased_at) * 1000, generate_ms=gen_ms,
+                                           session_id=self.client.session_id or "", **rec))
         for r in self.client.submit_many(trajs):
             if r.accepted:
                 self.stats.accepted += not r.duplicate
@@ -181,7 +182,7 @@ class SamplerLoop:
         return self._tokenizer
 
     def _generate(self, items: list[tuple[pb.Task, int]]) -> list[dict]:
-        """Per item, the keyword arguments of ``build_trajectory`` (tokens after the prompt)."""
+        """Per item, the keyword arguments of ``encode_trajectory`` (tokens after the prompt)."""
         out: list[dict | None] = [None] * len(items)
         plain, episodic = [], collections.defaultdict(list)
         for k, (task, _) in enumerate(items):

@@ -1,0 +1,147 @@
+"""``encode_trajectory`` writes exactly the bytes the protobuf runtime serializes for ``build_trajectory``."""
+
+import numpy as np
+import pytest
+from fakes import fake_records
+
+from mixrl_wire import pb
+from mixrl_wire.encoder import encode_trajectory as encode_wire
+from mixrl_wire.fastpath import decode_trajectory, from_message
+from sampler_torch.client import EncodedTrajectory, build_trajectory, encode_trajectory
+
+VOCAB = 97
+
+
+def _records(n: int, k: int, seed: int, **kw) -> dict:
+    return fake_records(n, VOCAB, k, np.random.default_rng(seed), **kw)
+
+
+def _task(task_id: int = 7) -> pb.Task:
+    return pb.Task(lease_id="lease-abc", task_id=task_id, sample_indices=[0, 1])
+
+
+def _check(task: pb.Task, sample_index: int, session_id: str = "sess-0123", **kw) -> EncodedTrajectory:
+    want = build_trajectory(task, sample_index, **kw)
+    want.session_id = session_id
+    got = encode_trajectory(task, sample_index, session_id=session_id, **kw)
+    assert isinstance(got.data, bytes)
+    assert pb.Trajectory.FromString(got.data) == want
+    assert got.to_message() == want
+    assert got.data == want.SerializeToString()  # byte for byte, not only an equal message
+    assert (got.task_id, got.sample_index, len(got)) == (task.task_id, sample_index, len(got.data))
+    # The service's decoder sees the same fields as from the runtime's message.
+    fast, slow = decode_trajectory(got.data), from_message(want)
+    assert fast.arrays.keys() == slow.arrays.keys()
+    for name, a in fast.arrays.items():
+        b = slow.arrays[name]
+        assert (a.dtype, a.shape, bytes(a.data)) == (b.dtype, b.shape, bytes(b.data)), name
+    return got
+
+
+@pytest.mark.parametrize(("n", "k"), [(1, 1), (3, 2), (17, 5), (256, 20)])
+@pytest.mark.parametrize("reward", [None, 0.0, 1.0, -2.5])
+def test_dense_shapes_and_rewards(n, k, reward):
+    _check(_task(), 1, reward=reward, finish_reason="length", queue_ms=1.5, generate_ms=20.25,
+           **_records(n, k, n * k))
+
+
+@pytest.mark.parametrize("padded", [False, True])
+@pytest.mark.parametrize(("top_p", "top_k"), [(0.9, 0), (1.0, 3), (0.5, 1)])
+def test_support_csr(top_p, top_k, padded):
+    rec = _records(12, 4, 3, top_p=top_p, top_k=top_k)
+    if padded:  # rows padded with -1 ids / -inf logprobs, as a batched sampler returns them
+        width = max(len(r) for r in rec["support_ids"])
+        ids = np.full((12, width), -1, np.int32)
+        lps = np.full((12, width), -np.inf, np.float32)
+        for t, (i, lp) in enumerate(zip(rec["support_ids"], rec["support_logprobs"], strict=True)):
+            ids[t, :len(i)], lps[t, :len(lp)] = i, lp
+        rec["support_ids"], rec["support_logprobs"] = ids, lps
+    got = _check(_task(), 0, reward=1.0, finish_reason="stop", **rec)
+    assert got.to_message().HasField("support_indptr")
+
+
+def test_environment_tokens_and_dtype_conversion():
+    rec = _records(6, 3, 1)
+    env = np.arange(4, dtype=np.int64)  # int64 / bool / float64 inputs are cast as build_trajectory does
+    tokens = np.concatenate([rec.pop("token_ids").astype(np.int64), env])
+    mask = np.array([True] * 6 + [False] * 4)
+    rec["logprobs"] = rec["logprobs"].astype(np.float64)
+    _check(_task(), 1, token_ids=tokens, loss_mask=mask, **rec)
+    # Python lists and non-contiguous views work too.
+    rec = _records(5, 4, 2)
+    rec["head_ids"] = np.asfortranarray(rec["head_ids"])
+    rec["token_ids"] = rec["token_ids"].tolist()
+    _check(_task(), 0, **rec)
+
+
+def test_empty_arrays_and_defaults():
+    empty = dict(token_ids=np.zeros(0, np.int32), logprobs=[], logprobs_full=[], versions=[],
+                 head_ids=np.zeros((0, 4), np.int32), head_logprobs=np.zeros((0, 4), np.float32))
+    _check(pb.Task(), 0, session_id="", **empty)  # every scalar at its default
+    _check(pb.Task(), 0, support_ids=[], support_logprobs=[], **empty)
+    _check(_task(), 0, reward=0.0, queue_ms=-0.0, **empty)  # -0.0 is not the default: written
+
+
+def test_extreme_scalars():
+    rec = _records(2, 2, 5)
+    _check(_task(2**64 - 1), 2**31 - 1, reward=1e39, **rec)  # float32 overflow -> inf, like the runtime
+    _check(_task(0), -(2**31), reward=float("-inf"), session_id="é" * 40, finish_reason="ünïcode", **rec)
+    with pytest.raises(ValueError):
+        encode_trajectory(_task(), 2**31, **rec)
+
+
+def test_for_session_rewrites_only_the_session():
+    rec = _records(9, 3, 4)
+    for old, new in [("", "s" * 32), ("a" * 32, "b" * 200), ("x" * 200, ""), ("same", "same")]:
+        got = encode_trajectory(_task(), 1, session_id=old, **rec)
+        want = build_trajectory(_task(), 1, **rec)
+        want.session_id = new
+        assert got.for_session(new) == want.SerializeToString()
+
+
+def test_wire_encoder_rejects_what_has_no_encoding():
+    with pytest.raises(ValueError, match="dtype"):
+        encode_wire(arrays={"token_ids": np.zeros(3, np.int16)})
+    with pytest.raises(ValueError, match="contiguous"):
+        encode_wire(arrays={"head_ids": np.zeros((3, 4), np.int32).T})
+    with pytest.raises(ValueError, match="not Trajectory array fields"):
+        encode_wire(arrays={"tokens": np.zeros(3, np.int32)})
+    assert encode_wire(arrays={}, timings=None) == pb.Trajectory().SerializeToString()
+
+
+def test_encoded_trajectories_accepted_by_the_service(token):
+    from fakes import fake_trajectory
+
+    from sampler_torch.client import Backoff, RolloutClient
+    from trainer_jax.config import load_config
+    from trainer_jax.service import RolloutService
+
+    cfg = load_config(None, ["service.listen=127.0.0.1:0", "tasks.group_size=2", "tasks.count=3",
+                             "tasks.sampling.max_new_tokens=8", "tasks.sampling.head_k=4"])
+    svc = RolloutService.from_config(cfg, token=token).start()
+    c = RolloutClient(svc.address, token, group="g", capacity=8, backoff=Backoff(0.01, 0.1), max_retry_s=3.0)
+    try:
+        rng = np.random.default_rng(0)
+
+        def encoded(task, i, session_id):
+            s = task.sampling
+            rec = fake_records(8, svc.vocab_size, s.head_k, rng, top_p=s.top_p, top_k=s.top_k)
+            return encode_trajectory(task, i, finish_reason="length", session_id=session_id, **rec)
+
+        c.register()
+        tasks = c.lease(4).tasks
+        items = [(t, i) for t in tasks for i in t.sample_indices]
+        first = [encoded(t, i, c.session_id) for t, i in items[:2]]
+        assert all(r.accepted and not r.duplicate for r in c.submit_many(first))
+        assert c.submit(first[0]).duplicate
+        # Encoded without (or with a stale) session: the client writes in its own.
+        rest = [encoded(t, i, s) for (t, i), s in zip(items[2:], ["", "stale" * 8], strict=True)]
+        assert [c.submit(e).accepted for e in rest] == [True, True]
+        # A message and encoded bytes mix on one stream.
+        mixed = c.submit_many([fake_trajectory(tasks[0], tasks[0].sample_indices[0], svc.vocab_size, rng),
+                               first[1]])
+        assert all(r.accepted and r.duplicate for r in mixed)
+        assert svc.status()["totals"]["accepted"] == 4
+    finally:
+        c.close()
+        svc.stop(grace=0)
