@@ -194,10 +194,35 @@ def validate_trajectory(msg: pb.Trajectory | WireTrajectory, ctx: ValidationCont
 
 
 
+# Up to this K, rotations beat numpy's per-row sort (measured, P = 4096, CPU time: 4x at K = 8,
+# 1.15x at K = 16, 1.07x at K = 20; slower from K = 24 on).
+_ROTATE_MAX_K = 20
+
+
 def _rows_have_repeats(ids: np.ndarray) -> bool:
-    """Whether any row of ``ids`` [P, K] holds an id twice (sort each row, compare neighbours)."""
-    s = np.sort(ids, axis=1)
-    return bool((s[:, 1:] == s[:, :-1]).any())
+    """Whether any row of ``ids`` [P, K] holds an id twice. Exact.
+
+    Columns ``a < b`` are ``b - a`` apart one way round a row and ``K - (b - a)`` the other, and one
+    of the two is at most ``K // 2``: comparing every row with itself rotated by ``s = 1 .. K // 2``
+    compares every pair of columns. On the transposed [K, P] copy each rotation is one vectorised
+    comparison of two contiguous slices, instead of ``P`` tiny sorts.
+    """
+    p, k = ids.shape
+    if k < 2 or p == 0:
+        return False
+    if k > _ROTATE_MAX_K:
+        s = np.sort(ids, axis=1)
+        return bool((s[:, 1:] == s[:, :-1]).any())
+    h = k // 2
+    cols = np.empty((k + h, p), ids.dtype)  # the columns, then the first h again: rotation = slice
+    cols[:k] = ids.T
+    cols[k:] = cols[:h]
+    eq = np.empty((k, p), bool)
+    for shift in range(1, h + 1):
+        np.equal(cols[shift:shift + k], cols[:k], out=eq)
+        if eq.any():
+            return True
+    return False
 
 
 def _validate_support(msg: WireTrajectory, ctx: ValidationContext, p: int, sampled: np.ndarray):
