@@ -785,7 +785,7 @@ def comparison(
         small = max(ratios) < 0.05
         lines.append(
             f"6. **Drift under a constant advantage, on real sampler outputs**: the drift term is "
-            f"{_fmt(100 * min(ratios), '.2g')}–{_fmt(100 * max(ratios), '.2g')} % of the uncorrected batch gradient's norm "
+            f"{_fmt(100 * min(ratios), '.0f')}–{_fmt(100 * max(ratios), '.0f')} % of the uncorrected batch gradient's norm "
             f"across the analysed runs; SC subtracts exactly this term (the SC gradient is the remaining "
             f"zero-mean sampling noise). "
             + (
