@@ -34,8 +34,9 @@ def test_build_policy_takes_special_token_ids_from_the_tokenizer():
     from trainer_jax.config import load_config
     from trainer_jax.train import build_policy
 
-    cfg = load_config(None, ["model.hidden_size=16", "model.intermediate_size=32", "model.num_hidden_layers=1",
-                             "model.num_attention_heads=2", "model.num_key_value_heads=1", "model.head_dim=8"])
+    cfg = load_config(None, ["model.hidden_size=16", "model.intermediate_size=32",
+                             "model.num_hidden_layers=1", "model.num_attention_heads=2",
+                             "model.num_key_value_heads=1", "model.head_dim=8"])
     _, qcfg = build_policy(cfg, 40, {"pad": 3, "bos": 7, "eos": 9})
     hf = qcfg.to_hf_dict()
     assert (hf["pad_token_id"], hf["bos_token_id"], hf["eos_token_id"]) == (3, 7, 9)

@@ -22,7 +22,9 @@ tasks:
   mix: [{env: arithmetic, difficulty: 1}]
 service: {listen: "127.0.0.1:0"}
 groups:
-  - {name: bf16, recipe: bf16, capacity: 4}
+  # bf16 leases one sample at a time: on a loaded machine the faster bf16 sampler could otherwise
+  # fill every batch before the fp8 one (whose first round also compiles) finishes a group.
+  - {name: bf16, recipe: bf16, capacity: 1}
   - {name: fp8, recipe: fp8, kv_cache_dtype: fp8_e4m3, capacity: 4}
 train: {prompts_per_step: 2, publish_every: 1, checkpoint_every: 2, eval_every: 0, eval_tasks: 2,
         eval_k: 2, rows: 4, row_len: 32, max_tokens: 64, support_k: 4, episode_tokens: 32,
