@@ -685,22 +685,16 @@ def comparison(
         )
         del n_eval
     # 4. KL ratio.
-    ratios = []
-    for c in conds:
-        m, h = (
-            _mean_over_seeds(runs("mixed", c), "mean_k3"),
-            _mean_over_seeds(runs("homogeneous", c), "mean_k3"),
-        )
+    def pool_ratio(c: str, attr: str) -> float | None:
+        """Seed-mean ``attr`` on the mixed pool over the homogeneous pool's (None if undefined)."""
+        m = _mean_over_seeds(runs("mixed", c), attr)
+        h = _mean_over_seeds(runs("homogeneous", c), attr)
         if m and h and not (math.isnan(m) or math.isnan(h)) and h > 0:
-            ratios.append((c, m / h))
-    starts = []
-    for c in conds:
-        m, h = (
-            _mean_over_seeds(runs("mixed", c), "k3_start"),
-            _mean_over_seeds(runs("homogeneous", c), "k3_start"),
-        )
-        if m and h and not (math.isnan(m) or math.isnan(h)) and h > 0:
-            starts.append(m / h)
+            return m / h
+        return None
+
+    ratios = [(c, r) for c in conds if (r := pool_ratio(c, "mean_k3")) is not None]
+    starts = [r for c in conds if (r := pool_ratio(c, "k3_start")) is not None]
     stale = _nanmean([r.mean_staleness for r in results if r.ok])
     if ratios:
         mean_ratio = float(np.mean([r for _, r in ratios]))
