@@ -51,6 +51,32 @@ def test_ablation_file_is_the_issue_grid():
     assert "run.steps=2" in quick.overrides
 
 
+def test_pools_differ_only_in_their_sampler_groups():
+    """The mixed/homogeneous comparison is only fair if nothing but the groups differs.
+
+    A larger trajectory buffer in one pool once let its samplers run further ahead of the learner
+    (mean staleness 3.3 versions against 1.8), which made the all-bf16 pool look *worse* than the
+    mixed one for a reason unrelated to precision.
+    """
+    from trainer_jax.config import load_config
+
+    spec = load_sweep(ABLATION)
+    dumps = {}
+    for pool, path in spec.pools.items():
+        cfg = load_config(path, list(spec.overrides)).model_dump()
+        dumps[pool] = (cfg.pop("groups"), cfg.pop("run"), cfg)
+    (mixed_groups, mixed_run, mixed), (homog_groups, homog_run, homog) = dumps["mixed"], dumps["homogeneous"]
+    assert mixed == homog
+    assert {k: v for k, v in mixed_run.items() if k not in ("name", "dir")} == {
+        k: v for k, v in homog_run.items() if k not in ("name", "dir")
+    }
+    assert len(mixed_groups) == len(homog_groups)
+    assert [g["capacity"] for g in mixed_groups] == [g["capacity"] for g in homog_groups]
+    assert {g["recipe"] for g in homog_groups} == {"bf16"}
+    assert {g["kv_cache_dtype"] for g in homog_groups} == {"bf16"}
+    assert len({g["recipe"] for g in mixed_groups}) == len(mixed_groups)
+
+
 def test_bad_sweep_file_fails_up_front(tmp_path):
     from trainer_jax.sweep import SweepError
 
