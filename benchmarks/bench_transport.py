@@ -9,7 +9,9 @@ time; a second gRPC pass uses one ``SubmitStream`` per leased batch. The baselin
 identical serialized bytes, length-prefixed, from 8 processes to one receiving process over plain
 TCP sockets and waits for a 1-byte ack per message. A fourth phase sends the same bytes to a gRPC
 method that does nothing with them: the ceiling of Python gRPC on this machine, so the report
-separates gRPC's own cost from the trajectory path's.
+separates gRPC's own cost from the trajectory path's. Each phase also records the CPU time spent
+per trajectory by the clients (all 8 together) and by the receiving process: throughput swings
+with whatever else the machine runs, CPU per trajectory much less, so it says where time goes.
 
     .venv/bin/python benchmarks/bench_transport.py [--clients 8] [--per-client 48] [--quick]
         [--out benchmarks/results/bench_transport.json]
@@ -46,6 +48,16 @@ def behaviour_arrays(n: int, k: int, seed: int) -> dict:
     return dict(token_ids=head_ids[:, 0].copy(), logprobs=head_lp[:, 0].copy(),
                 logprobs_full=head_lp[:, 0].copy(), versions=np.zeros(n, np.int32),
                 head_ids=head_ids, head_logprobs=head_lp)
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time of process ``pid`` (all its threads) from /proc; None off Linux."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _free_port() -> int:
@@ -184,7 +196,9 @@ def client_main(address: str, raw_port: int, opaque_port: int, payload: bytes, a
         run[mode](2)
     for mode in phases:
         barrier.wait()
-        out.put(run[mode](args.per_client))
+        cpu = time.process_time()
+        n = run[mode](args.per_client)
+        out.put((n, time.process_time() - cpu))
     sock.close()
     client.close()
 
@@ -231,15 +245,25 @@ def main(argv: list[str] | None = None) -> int:
     for proc in procs:
         proc.start()
     runs: dict[str, list[dict]] = {"raw": [], "opaque": [], "unary": [], "stream": []}
+    # CPU per trajectory, on each side: unlike throughput it barely moves when the machine is loaded,
+    # so it says where the time goes even on a busy machine.
+    server_pid = {"raw": receiver.pid, "opaque": opaque.pid, "unary": server.pid, "stream": server.pid}
     try:
         for mode in phases:
             barrier.wait(timeout=600)
-            t0 = time.perf_counter()
-            n = sum(out.get(timeout=600) for _ in procs)
+            t0, s0 = time.perf_counter(), cpu_seconds(server_pid[mode])
+            got = [out.get(timeout=600) for _ in procs]
             wall = time.perf_counter() - t0
+            s1 = cpu_seconds(server_pid[mode])
+            n, client_cpu = sum(g[0] for g in got), sum(g[1] for g in got)
+            server_ms = None if s0 is None or s1 is None else (s1 - s0) / n * 1e3
             runs[mode].append({"trajectories": n, "seconds": wall, "trajectories_per_s": n / wall,
-                               "MB_per_s": n * len(payload) / wall / 1e6})
-            print(f"{mode:>6}: {n / wall:8.1f} traj/s {n * len(payload) / wall / 1e6:8.1f} MB/s", flush=True)
+                               "MB_per_s": n * len(payload) / wall / 1e6,
+                               "client_cpu_ms_per_trajectory": client_cpu / n * 1e3,
+                               "server_cpu_ms_per_trajectory": server_ms})
+            server_txt = "n/a" if server_ms is None else f"{server_ms:.2f}"
+            print(f"{mode:>6}: {n / wall:8.1f} traj/s {n * len(payload) / wall / 1e6:8.1f} MB/s  cpu ms/traj "
+                  f"client {client_cpu / n * 1e3:.2f} server {server_txt}", flush=True)
         for proc in procs:
             proc.join(timeout=60)
             if proc.exitcode != 0:
@@ -257,7 +281,10 @@ def main(argv: list[str] | None = None) -> int:
 
     def median(mode: str) -> dict:
         ordered = sorted(runs[mode], key=lambda r: r["MB_per_s"])
-        return {**ordered[len(ordered) // 2], "runs_MB_per_s": [r["MB_per_s"] for r in runs[mode]]}
+        cpu = {k: float(np.median([r[k] for r in runs[mode] if r[k] is not None] or [np.nan]))
+               for k in ("client_cpu_ms_per_trajectory", "server_cpu_ms_per_trajectory")}
+        return {**ordered[len(ordered) // 2], "runs_MB_per_s": [r["MB_per_s"] for r in runs[mode]],
+                "median_cpu_ms_per_trajectory": cpu}
 
     raw, opaque_r, unary, stream = median("raw"), median("opaque"), median("unary"), median("stream")
     for name, r in (("gRPC opaque bytes", opaque_r), ("gRPC Submit", unary), ("gRPC SubmitStream", stream)):
