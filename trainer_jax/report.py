@@ -79,35 +79,60 @@ def _thirds(xs: list[float]) -> tuple[float, float]:
     return float(np.mean(xs[:k])), float(np.mean(xs[-k:]))
 
 
-def collapse_step(records: list[dict]) -> tuple[int | None, str, int | None]:
-    """First step of a reward collapse (CollapseAlarms' reward/empty-reply alarm, or the reward's
-    moving average falling to ~0 after being above it), its reason, and the first KL alarm step.
+def collapse_step(records: list[dict], settle_steps: int = 0) -> tuple[int | None, str, int | None]:
+    """First step of a sustained reward collapse, its reason, and the first KL alarm step.
+
+    A collapse is CollapseAlarms' reward or empty-reply alarm, or the reward's moving average at ~0
+    after having been above it, holding at *every* step from there to the end of the run: a dip the
+    run recovers from is noise of a small batch, not a collapse. The KL alarm is the first step at
+    which it fired, with the baseline taken after ``settle_steps`` as the trainer does (warmup + 5:
+    before then k3 measures only the precision mismatch, and the first stale batches multiply it).
 
     The alarms' windows (5 steps baseline, 5 steps moving average) are shrunk for short runs, to a
-    quarter of the run (at least 2): with the defaults a run under 11 steps could never alarm.
+    quarter of the run (at least 2), and so is the settling: with the defaults a run under 11 steps
+    could never alarm.
     """
     w = max(2, min(5, len(records) // 4))
-    alarms = CollapseAlarms(baseline_steps=w, window=w)
+    alarms = CollapseAlarms(baseline_steps=w, window=w, settle_steps=min(settle_steps, len(records) // 4))
     rewards: list[float] = []
-    first_collapse, reason, first_kl = None, "", None
+    first_kl = None
+    down: list[tuple[int, str]] = []  # per step: why the run is collapsed there ("" if it is not)
     for r in records:
         fired = alarms.update(r.get("reward_mean"), r.get("k3"), r.get("termination/empty_reply", 0.0))
-        for a in fired:
-            if a.startswith("KL") and first_kl is None:
-                first_kl = r["step"]
-            elif not a.startswith("KL") and first_collapse is None:
-                first_collapse, reason = r["step"], a
+        if first_kl is None and any(a.startswith("KL") for a in fired):
+            first_kl = r["step"]
+        why = next((a for a in fired if not a.startswith("KL")), "")
         if r.get("reward_mean") is not None:
             rewards.append(r["reward_mean"])
             window = rewards[-alarms.window :]
             if (
-                first_collapse is None
+                not why
                 and len(rewards) > alarms.window
                 and max(rewards) > 5 * REWARD_FLOOR
                 and np.mean(window) <= REWARD_FLOOR
             ):
-                first_collapse, reason = r["step"], f"reward moving average {np.mean(window):.3f} ~ 0"
+                why = f"reward moving average {np.mean(window):.3f} ~ 0"
+        down.append((r["step"], why))
+    first_collapse, reason = None, ""
+    for step, why in reversed(down):  # the last run of collapsed steps, if it reaches the end
+        if not why:
+            break
+        first_collapse, reason = step, why
     return first_collapse, reason, first_kl
+
+
+def _warmup_steps(run_dir: Path, cell: dict) -> int:
+    """The run's learning-rate warmup, from the config and overrides its cell was run with (0 if unknown)."""
+    cmd = [str(c) for c in cell.get("command", [])]
+    if "--config" not in cmd:
+        return 0
+    from trainer_jax.config import ConfigError, load_config
+
+    overrides = [c for c in cmd[cmd.index("--config") + 2 :] if "=" in c and not c.startswith("-")]
+    try:
+        return load_config(cmd[cmd.index("--config") + 1], overrides).optimizer.warmup_steps
+    except (ConfigError, OSError, IndexError, ValueError):
+        return 0
 
 
 def group_attribution(records: list[dict]) -> dict[str, dict[str, float]]:
@@ -173,7 +198,9 @@ def summarize_run(run_dir: Path, pool: str, condition: str, seed: int) -> RunRes
     evals = [r["eval/pass@1"] for r in records if r.get("step", 0) > 0 and r.get("eval/pass@1") is not None]
     res.eval_final = summary.get("eval_end", {}).get("eval/pass@1", evals[-1] if evals else math.nan)
     res.eval_best = max(evals) if evals else res.eval_final
-    res.collapse_step, res.collapse_reason, res.kl_alarm_step = collapse_step(steps)
+    # The trainer's own alarm settles for warmup + 5 steps (trainer_jax/train.py); so does the report.
+    settle = _warmup_steps(run_dir, cell) + 5
+    res.collapse_step, res.collapse_reason, res.kl_alarm_step = collapse_step(steps, settle)
     k3 = [r["k3"] for r in steps if r.get("k3") is not None]
     res.mean_k3 = _nanmean(k3)
     a, b = _thirds(k3)
@@ -444,9 +471,11 @@ def render(
         "## Per condition and pool",
         "",
         "Seed means. Pass rates are held-out pass@1 of the bf16 policy (start → final, best of the "
-        "evaluations during/after training). Collapse: first step at which the reward alarm of "
-        "`CollapseAlarms` fired or the reward's moving average fell to ~0; KL alarm: first step at "
-        "which k3 exceeded 3x its early level. KL ratio: this condition's mean k3 on the mixed "
+        "evaluations during/after training). Collapse: first step from which the reward alarm of "
+        "`CollapseAlarms` (5-step moving average under half its best) or a reward moving average of "
+        "~0 held at every step to the end of the run (a dip the run recovered from is not counted); "
+        "KL alarm: first step at which k3's moving average exceeded 3x its level over the 5 steps "
+        "after warmup + 5 (the trainer's rule). KL ratio: this condition's mean k3 on the mixed "
         "pool over the homogeneous pool's.",
         "",
         "| condition | pool | seeds | pass@1 start | final | best | collapse at step | KL alarm at | "
@@ -635,6 +664,24 @@ def comparison(
                 f"more steps at a higher learning rate, longer generations (the per-token drift sums over the "
                 f"sequence), and more aggressive low-precision recipes. All cells: " + contrast + "."
             )
+    # 1b. Where the mismatch is large by construction: top-p sampling scored against the full softmax.
+    nt, tt = collapsed("mixed", "grpo_topp")
+    nr, tr = collapsed("mixed", "sc_mis_topp")
+    if tt and tr and nt and not nr:
+        first = min(r.collapse_step for r in runs("mixed", "grpo_topp") if r.collapse_step)
+        nh, th = collapsed("homogeneous", "grpo_topp")
+        lines.append(
+            f"   Where the mismatch is large by construction it does reproduce: with top-p 0.9 sampling scored "
+            f"against the trainer's full softmax and no correction (GRPO + top-p; k3 over the first two steps "
+            f"{_fmt(_mean_over_seeds(runs('mixed', 'grpo_topp'), 'k3_start'), '.2e')} against "
+            f"{_fmt(_mean_over_seeds(runs('mixed', 'grpo'), 'k3_start'), '.2e')} for untruncated sampling) the "
+            f"reward collapsed in {nt}/{tt} seeds on the mixed pool (first at step {first})"
+            + (f" and {nh}/{th} on the homogeneous one" if th else "")
+            + f", while the same sampling with SC + MIS and mask replay collapsed in {nr}/{tr} (held-out pass@1 "
+            f"{_fmt(_mean_over_seeds(runs('mixed', 'sc_mis_topp'), 'eval_start'))} → "
+            f"{_fmt(_mean_over_seeds(runs('mixed', 'sc_mis_topp'), 'eval_final'))} against "
+            f"{_fmt(_mean_over_seeds(runs('mixed', 'grpo_topp'), 'eval_final'))} uncorrected)."
+        )
     # 2. SC+MIS(+top-p) stable.
     stable = [(c, collapsed("mixed", c)) for c in ("sc_mis", "sc_mis_topp") if runs("mixed", c)]
     if stable:
@@ -679,9 +726,14 @@ def comparison(
             if gaps
             else "not measurable"
         )
+        stale = {p: _nanmean([r.mean_staleness for r in results if r.ok and r.pool == p]) for p in pools}
         lines.append(
             f"3. **Mixed matches homogeneous under the corrected objective — {verdict}**: {text}. "
-            f"With few held-out tasks and seeds, differences of a few points are noise."
+            f"With few held-out tasks and seeds, differences of a few points are noise. Both pools ran with "
+            f"the same trajectory-buffer bound, so their samples were equally stale (mean "
+            + ", ".join(f"{p} {_fmt(v, '.2f')}" for p, v in stale.items())
+            + " weight versions): a pool whose samplers run further ahead of the learner trains on "
+            "staler samples, a mismatch of its own."
         )
         del n_eval
     # 4. KL ratio.

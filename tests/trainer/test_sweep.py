@@ -188,6 +188,16 @@ def test_collapse_detection():
     assert collapse_step(flat)[0] is None
     growing = [{"step": s, "reward_mean": 0.5, "k3": 1e-3 * (1 if s <= 5 else 10)} for s in range(1, 21)]
     assert collapse_step(growing)[2] is not None
+    # A dip the run recovers from is not a collapse; the same dip at the end is.
+    dip = [0.5] * 8 + [0.0] * 6 + [0.5] * 6
+    assert collapse_step([{"step": s, "reward_mean": r} for s, r in enumerate(dip, 1)])[0] is None
+    late = [0.5] * 14 + [0.0] * 6
+    assert collapse_step([{"step": s, "reward_mean": r} for s, r in enumerate(late, 1)])[0] >= 15
+    # k3 jumps once the first stale batches arrive (step 5 here) and then stays level: with the
+    # baseline taken after the settling steps, as the trainer does, that is not a KL blow-up.
+    settling = [{"step": s, "reward_mean": 0.5, "k3": 1e-4 if s < 5 else 1e-1} for s in range(1, 41)]
+    assert collapse_step(settling)[2] is not None
+    assert collapse_step(settling, settle_steps=10)[2] is None
 
 
 def test_group_attribution_shares():
@@ -235,6 +245,24 @@ def test_report_from_synthetic_runs(tmp_path, collapses):
     else:
         assert "not reproduced at this scale" in text
     assert "SC + MIS (+ top-p replay) stays stable on the mixed pool — held" in text
+
+
+def test_report_names_a_collapse_of_uncorrected_top_p(tmp_path):
+    root = tmp_path / "sweep"
+    _synthetic(root, grpo_collapses=False)
+    oor = {"bf16": 0.0, "fp8": 0.02}
+    _write_run(root, "mixed", "grpo_topp", 0, rewards=[0.5] * 8 + [0.0] * 12, k3=[1e-2] * 20,
+               oor_by_group=oor, eval_end=0.0)
+    _write_run(root, "mixed", "sc_mis_topp", 0, rewards=[0.5] * 20, k3=[1e-2] * 20, oor_by_group=oor,
+               eval_end=0.4)
+    text = write_report(root, tmp_path / "results.md", with_drift=False).read_text()
+    assert "Where the mismatch is large by construction it does reproduce" in text
+    assert "collapsed in 1/1 seeds on the mixed pool" in text and "mask replay collapsed in 0/1" in text
+    # Without the uncorrected top-p collapse the sentence is not written.
+    plain = tmp_path / "plain"
+    _synthetic(plain, grpo_collapses=False)
+    plain_text = write_report(plain, tmp_path / "r3.md", with_drift=False).read_text()
+    assert "large by construction" not in plain_text
 
 
 # ------------------------------------------------------------------ the real quick grid
