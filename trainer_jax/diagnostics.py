@@ -85,14 +85,21 @@ class CollapseAlarms:
     - reward collapse: the moving average falls below ``reward_drop`` x its best after warmup;
     - KL blow-up: the moving average of k3 exceeds ``kl_factor`` x its level over the
       ``baseline_steps`` steps after the first ``settle_steps`` (the learning-rate warmup and the
-      first round trip of weights, during which k3 is still far below its working level);
+      first round trip of weights, during which k3 is still far below its working level); once
+      raised it holds until the average falls below ``kl_clear_factor`` x that level, so a k3 that
+      hovers around the threshold does not raise and clear it every few steps;
     - empty replies: their share rises above ``empty_share``.
     """
 
     def __init__(self, *, baseline_steps: int = 5, window: int = 5, reward_drop: float = 0.5,
-                 kl_factor: float = 3.0, empty_share: float = 0.3, settle_steps: int = 0):
+                 kl_factor: float = 3.0, kl_clear_factor: float = 2.0, empty_share: float = 0.3,
+                 settle_steps: int = 0):
+        if not 0 < kl_clear_factor <= kl_factor:
+            raise ValueError(f"kl_clear_factor must lie in (0, kl_factor={kl_factor}], got {kl_clear_factor}")
         self.baseline_steps, self.window, self.settle_steps = baseline_steps, window, settle_steps
         self.reward_drop, self.kl_factor, self.empty_share = reward_drop, kl_factor, empty_share
+        self.kl_clear_factor = kl_clear_factor
+        self._kl_raised = False
         self.rewards: list[float] = []
         self.kls: list[float] = []
         self.best_reward = -math.inf
@@ -114,7 +121,9 @@ class CollapseAlarms:
             if len(self.kls) > self.settle_steps + self.baseline_steps + self.window:
                 base = sum(early) / self.baseline_steps
                 avg = sum(self.kls[-self.window:]) / self.window
-                if base > 0 and avg > self.kl_factor * base:
+                limit = self.kl_clear_factor if self._kl_raised else self.kl_factor
+                self._kl_raised = base > 0 and avg > limit * base
+                if self._kl_raised:
                     alarms.append(f"KL blow-up: k3 at {avg / base:.1f}x its early level ({avg:.2e})")
         if empty_share is not None and empty_share > self.empty_share:
             alarms.append(f"empty replies: {empty_share:.0%} of episodes")

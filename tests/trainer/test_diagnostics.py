@@ -59,6 +59,20 @@ def test_alarm_transitions_report_each_alarm_once_and_its_end():
     assert end > start and last == "cleared: KL blow-up"
 
 
+def test_kl_alarm_holds_until_well_below_its_threshold():
+    # k3 settles at 1e-3, then hovers around 3x (2.5x / 3.5x alternating): the alarm rises once and
+    # stays up (hysteresis) instead of toggling; it clears when k3 returns under 2x.
+    hover = [1e-3] * 6 + [3.5e-3, 2.5e-3] * 10 + [1e-3] * 8
+    alarms = CollapseAlarms(baseline_steps=3, window=1)
+    printed = [line for k3 in hover for line in alarms.transitions(alarms.update(0.5, k3, 0.0))]
+    assert [line.split(":")[0] for line in printed] == ["KL blow-up", "cleared"], printed
+    no_hysteresis = CollapseAlarms(baseline_steps=3, window=1, kl_clear_factor=3.0)
+    toggles = [line for k3 in hover for line in no_hysteresis.transitions(no_hysteresis.update(0.5, k3, 0.0))]
+    assert len(toggles) > 10
+    with pytest.raises(ValueError, match="kl_clear_factor"):
+        CollapseAlarms(kl_factor=3.0, kl_clear_factor=4.0)
+
+
 def test_kl_baseline_starts_after_the_settle_steps():
     # k3 ramps up during warmup and then holds: measured from step 0 the plateau looks like a
     # blow-up, measured after the ramp it does not.
