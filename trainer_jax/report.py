@@ -438,12 +438,17 @@ def render(
     # --- provenance
     if sweep:
         steps = sorted({r.steps for r in ok})
+        warm = [w.get("wall_s", 0.0) for w in sweep.get("warm_start", []) if isinstance(w, dict)]
+        cell_s = sum(r.wall_s for r in ok if not math.isnan(r.wall_s)) + sum(warm)
         lines += [
             "## How this was produced",
             "",
             f"- command: `{sweep.get('command') or 'mixrl-train sweep ' + sweep.get('sweep_file', '?')}`",
-            f"- sweep wall time: {_fmt(sweep.get('wall_s_total', sweep.get('wall_s')), '.0f')} s "
-            f"(finished {sweep.get('finished_utc', '?')} UTC) on this machine's shared CPU cores; "
+            # The manifest's total counts every invocation, cells later discarded and rerun included;
+            # what the grid itself costs is the sum of its cells.
+            f"- run time of the grid: {_fmt(cell_s, '.0f')} s ({_fmt(cell_s / 60, '.0f')} min) summed over its "
+            f"{len(ok)} cells (and the warm starts the last invocation ran) on this machine's 2 shared CPU cores "
+            f"(last invocation finished {sweep.get('finished_utc', '?')} UTC); "
             f"per cell: {', '.join(f'{r.pool}/{r.condition}/seed{r.seed} {r.wall_s:.0f} s' for r in results if r.ok)}",
             f"- this report: `mixrl-train sweep {os.path.relpath(sweep.get('sweep_file', '?'))} --report-only "
             f"--out {os.path.relpath(sweep.get('out', '?'))}` (the drift analysis is cached in each run's drift.json)",

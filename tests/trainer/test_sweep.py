@@ -233,7 +233,7 @@ def test_report_from_synthetic_runs(tmp_path, collapses):
     for name in ("reward", "kl", "grad_norm", "entropy", "out_of_range"):
         assert (tmp_path / "docs" / "results" / f"{name}.png").stat().st_size > 1000
         assert f"(results/{name}.png)" in text
-    assert "mixrl-train sweep configs/ablation.yaml" in text and "123 s" in text
+    assert "mixrl-train sweep configs/ablation.yaml" in text and "run time of the grid: 48 s" in text
     assert "Failed cells" in text and "boom" in text
     assert "| GRPO | mixed | 1/1 |" in text and "| SC + MIS | homogeneous | 1/1 |" in text
     # The KL ratio mixed/homogeneous is computed from the runs (4e-3 / 1e-3).
