@@ -121,7 +121,7 @@ def collapse_step(records: list[dict], settle_steps: int = 0) -> tuple[int | Non
     return first_collapse, reason, first_kl
 
 
-def _warmup_steps(run_dir: Path, cell: dict) -> int:
+def _warmup_steps(cell: dict) -> int:
     """The run's learning-rate warmup, from the config and overrides its cell was run with (0 if unknown)."""
     cmd = [str(c) for c in cell.get("command", [])]
     if "--config" not in cmd:
@@ -199,7 +199,7 @@ def summarize_run(run_dir: Path, pool: str, condition: str, seed: int) -> RunRes
     res.eval_final = summary.get("eval_end", {}).get("eval/pass@1", evals[-1] if evals else math.nan)
     res.eval_best = max(evals) if evals else res.eval_final
     # The trainer's own alarm settles for warmup + 5 steps (trainer_jax/train.py); so does the report.
-    settle = _warmup_steps(run_dir, cell) + 5
+    settle = _warmup_steps(cell) + 5
     res.collapse_step, res.collapse_reason, res.kl_alarm_step = collapse_step(steps, settle)
     k3 = [r["k3"] for r in steps if r.get("k3") is not None]
     res.mean_k3 = _nanmean(k3)
@@ -676,11 +676,16 @@ def comparison(
         first = min(r.collapse_step for r in runs("mixed", "grpo_topp") if r.collapse_step)
         nh, th = collapsed("homogeneous", "grpo_topp")
         lines.append(
-            f"   Where the mismatch is large by construction it does reproduce: with top-p 0.9 sampling scored "
-            f"against the trainer's full softmax and no correction (GRPO + top-p; k3 over the first two steps "
-            f"{_fmt(_mean_over_seeds(runs('mixed', 'grpo_topp'), 'k3_start'), '.2e')} against "
-            f"{_fmt(_mean_over_seeds(runs('mixed', 'grpo'), 'k3_start'), '.2e')} for untruncated sampling) the "
-            f"reward collapsed in {nt}/{tt} seeds on the mixed pool (first at step {first})"
+            "   Where the mismatch is large by construction it does reproduce: with top-p 0.9 sampling scored "
+            "against the trainer's full softmax and no correction (GRPO + top-p; k3 over the first two steps, "
+            "truncated vs untruncated sampling: "
+            + ", ".join(
+                f"{p} {_fmt(_mean_over_seeds(runs(p, 'grpo_topp'), 'k3_start'), '.2e')} vs "
+                f"{_fmt(_mean_over_seeds(runs(p, 'grpo'), 'k3_start'), '.2e')}"
+                for p in pools
+                if runs(p, "grpo_topp") and runs(p, "grpo")
+            )
+            + f") the reward collapsed in {nt}/{tt} seeds on the mixed pool (first at step {first})"
             + (f" and {nh}/{th} on the homogeneous one" if th else "")
             + f", while the same sampling with SC + MIS and mask replay collapsed in {nr}/{tr} (held-out pass@1 "
             f"{_fmt(_mean_over_seeds(runs('mixed', 'sc_mis_topp'), 'eval_start'))} → "
