@@ -83,8 +83,8 @@ def collapse_step(records: list[dict], settle_steps: int = 0) -> tuple[int | Non
     """First step of a sustained reward collapse, its reason, and the first KL alarm step.
 
     A collapse is CollapseAlarms' reward or empty-reply alarm, or the reward's moving average at ~0
-    after having been above it, holding at *every* step from there to the end of the run: a dip the
-    run recovers from is noise of a small batch, not a collapse. The KL alarm is the first step at
+    after having been above it, holding at *every* step from there to the end of the run (and for at
+    least the alarm window): a dip the run recovers from is noise of a small batch, not a collapse. The KL alarm is the first step at
     which it fired, with the baseline taken after ``settle_steps`` as the trainer does (warmup + 5:
     before then k3 measures only the precision mismatch, and the first stale batches multiply it).
 
@@ -113,11 +113,13 @@ def collapse_step(records: list[dict], settle_steps: int = 0) -> tuple[int | Non
             ):
                 why = f"reward moving average {np.mean(window):.3f} ~ 0"
         down.append((r["step"], why))
-    first_collapse, reason = None, ""
+    first_collapse, reason, held = None, "", 0
     for step, why in reversed(down):  # the last run of collapsed steps, if it reaches the end
         if not why:
             break
-        first_collapse, reason = step, why
+        first_collapse, reason, held = step, why, held + 1
+    if held < w:  # the last few steps of a run dipping: too short to tell from noise
+        first_collapse, reason = None, ""
     return first_collapse, reason, first_kl
 
 

@@ -191,8 +191,10 @@ def test_collapse_detection():
     # A dip the run recovers from is not a collapse; the same dip at the end is.
     dip = [0.5] * 8 + [0.0] * 6 + [0.5] * 6
     assert collapse_step([{"step": s, "reward_mean": r} for s, r in enumerate(dip, 1)])[0] is None
-    late = [0.5] * 14 + [0.0] * 6
-    assert collapse_step([{"step": s, "reward_mean": r} for s, r in enumerate(late, 1)])[0] >= 15
+    late = [0.5] * 12 + [0.0] * 8
+    assert collapse_step([{"step": s, "reward_mean": r} for s, r in enumerate(late, 1)])[0] >= 13
+    last_step_dip = [0.5] * 19 + [0.0]
+    assert collapse_step([{"step": s, "reward_mean": r} for s, r in enumerate(last_step_dip, 1)])[0] is None
     # k3 jumps once the first stale batches arrive (step 5 here) and then stays level: with the
     # baseline taken after the settling steps, as the trainer does, that is not a KL blow-up.
     settling = [{"step": s, "reward_mean": 0.5, "k3": 1e-4 if s < 5 else 1e-1} for s in range(1, 41)]
