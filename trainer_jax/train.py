@@ -150,11 +150,37 @@ def snapshot(model: Qwen3) -> dict[str, np.ndarray]:
     return dict(iter_hf_tensors(model))
 
 
+# What a run leaves in its directory; a fresh run finding any of them sets the old run aside.
+_RUN_ARTIFACTS = ("checkpoints", "weights", "metrics.jsonl", "summary.json")
+
+
+def set_aside_previous_run(run_dir: Path) -> Path | None:
+    """Rename an earlier run in ``run_dir`` to ``<run_dir>.previous-<time>``; return where it went.
+
+    A fresh run must not mix with an earlier one: its first weights (v0) would be the oldest
+    version next to the earlier run's and be pruned at once, and checkpoints and metrics would
+    interleave. Nothing is deleted; ``--resume`` continues the earlier run instead.
+    """
+    if not any((run_dir / name).exists() for name in _RUN_ARTIFACTS):
+        return None
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    aside = run_dir.with_name(f"{run_dir.name}.previous-{stamp}")
+    n = 1
+    while aside.exists():
+        n += 1
+        aside = run_dir.with_name(f"{run_dir.name}.previous-{stamp}-{n}")
+    os.replace(run_dir, aside)
+    return aside
+
+
 class Trainer:
     def __init__(self, cfg: RunConfig, *, resume: bool = False, console: Console | None = None):
         self.cfg = cfg
         self.console = console or Console()
         self.run_dir = Path(cfg.run.dir).absolute()
+        if not resume and (aside := set_aside_previous_run(self.run_dir)) is not None:
+            self.console.print(f"an earlier run in {self.run_dir} was moved to {aside} "
+                               "(--resume continues a run instead)")
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.resume = resume
         self.group_names = [g.name for g in cfg.groups]
