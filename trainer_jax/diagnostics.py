@@ -79,6 +79,12 @@ def read_metrics(run_dir: str | os.PathLike) -> list[dict]:
     return records
 
 
+def alarm_settle_steps(warmup_steps: int) -> int:
+    """Steps before the KL alarm takes its baseline: the learning-rate warmup plus the first round
+    trips of weights, during which k3 measures little but the precision mismatch."""
+    return warmup_steps + 5
+
+
 class CollapseAlarms:
     """The failure signs of the seed experiment, checked every step.
 

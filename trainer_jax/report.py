@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from trainer_jax.diagnostics import CollapseAlarms, read_metrics
+from trainer_jax.diagnostics import CollapseAlarms, alarm_settle_steps, read_metrics
 
 CURVES = {  # file name: (metric, title, log scale)
     "reward": ("reward_mean", "training reward (mean)", False),
@@ -84,9 +84,10 @@ def collapse_step(records: list[dict], settle_steps: int = 0) -> tuple[int | Non
 
     A collapse is CollapseAlarms' reward or empty-reply alarm, or the reward's moving average at ~0
     after having been above it, holding at *every* step from there to the end of the run (and for at
-    least the alarm window): a dip the run recovers from is noise of a small batch, not a collapse. The KL alarm is the first step at
-    which it fired, with the baseline taken after ``settle_steps`` as the trainer does (warmup + 5:
-    before then k3 measures only the precision mismatch, and the first stale batches multiply it).
+    least the alarm window): a dip the run recovers from is noise of a small batch, not a collapse.
+    The KL alarm is the first step at which it fired, with the baseline taken after
+    ``settle_steps`` (``alarm_settle_steps``, as the trainer does: before then k3 measures only the
+    precision mismatch, and the first stale batches multiply it).
 
     The alarms' windows (5 steps baseline, 5 steps moving average) are shrunk for short runs, to a
     quarter of the run (at least 2), and so is the settling: with the defaults a run under 11 steps
@@ -200,8 +201,8 @@ def summarize_run(run_dir: Path, pool: str, condition: str, seed: int) -> RunRes
     evals = [r["eval/pass@1"] for r in records if r.get("step", 0) > 0 and r.get("eval/pass@1") is not None]
     res.eval_final = summary.get("eval_end", {}).get("eval/pass@1", evals[-1] if evals else math.nan)
     res.eval_best = max(evals) if evals else res.eval_final
-    # The trainer's own alarm settles for warmup + 5 steps (trainer_jax/train.py); so does the report.
-    settle = _warmup_steps(cell) + 5
+    # The same KL baseline as the trainer's own alarm.
+    settle = alarm_settle_steps(_warmup_steps(cell))
     res.collapse_step, res.collapse_reason, res.kl_alarm_step = collapse_step(steps, settle)
     k3 = [r["k3"] for r in steps if r.get("k3") is not None]
     res.mean_k3 = _nanmean(k3)
@@ -738,12 +739,12 @@ def comparison(
             if gaps
             else "not measurable"
         )
-        stale = {p: _nanmean([r.mean_staleness for r in results if r.ok and r.pool == p]) for p in pools}
+        stale_by_pool = {p: _nanmean([r.mean_staleness for r in results if r.ok and r.pool == p]) for p in pools}
         lines.append(
             f"3. **Mixed matches homogeneous under the corrected objective — {verdict}**: {text}. "
             f"With few held-out tasks and seeds, differences of a few points are noise. Both pools ran with "
             f"the same trajectory-buffer bound, so their samples were equally stale (mean "
-            + ", ".join(f"{p} {_fmt(v, '.2f')}" for p, v in stale.items())
+            + ", ".join(f"{p} {_fmt(v, '.2f')}" for p, v in stale_by_pool.items())
             + " weight versions): a pool whose samplers run further ahead of the learner trains on "
             "staler samples, a mismatch of its own."
         )

@@ -34,7 +34,7 @@ from trainer_jax import env_tasks
 from trainer_jax.batching import Sample, pack
 from trainer_jax.checkpoint import Checkpointer
 from trainer_jax.config import RunConfig
-from trainer_jax.diagnostics import CollapseAlarms, MetricsSink, plot_run
+from trainer_jax.diagnostics import CollapseAlarms, MetricsSink, alarm_settle_steps, plot_run
 from trainer_jax.learner import Learner
 from trainer_jax.models import Qwen3, init_model, iter_hf_tensors, load_hf
 from trainer_jax.objective import compute_advantages, reduce_metrics
@@ -207,7 +207,7 @@ class Trainer:
             self.meta = self.checkpointer.restore(self.model, self.learner.optimizer)
             self.console.print(f"resumed from step {self.meta['step']} (weights v{self.meta['version']})")
         self.sink = MetricsSink(run)
-        self.alarms = CollapseAlarms(settle_steps=cfg.optimizer.warmup_steps + 5)
+        self.alarms = CollapseAlarms(settle_steps=alarm_settle_steps(cfg.optimizer.warmup_steps))
         self.source = build_task_source(cfg.tasks)
         if hasattr(self.source, "cursor"):
             self.source.cursor = int(self.meta["task_cursor"])
