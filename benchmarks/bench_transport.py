@@ -148,7 +148,8 @@ def client_main(address: str, raw_port: int, opaque_port: int, payload: bytes, a
     import grpc
 
     from mixrl_wire import BULK_CHANNEL_OPTIONS
-    from sampler_torch.client import RolloutClient, encode_trajectory
+    from mixrl_wire.encoder import encode_trajectory
+    from sampler_torch.client import RolloutClient
 
     arrays = behaviour_arrays(args.tokens, args.k, seed)
     client = RolloutClient(address, TOKEN, group=f"bench-{seed % 2}", capacity=8, name=f"bench-{seed}",
@@ -217,12 +218,11 @@ def main(argv: list[str] | None = None) -> int:
         args.clients, args.per_client, args.repeats = 2, 4, 1
 
     from mixrl_wire import pb
-    from sampler_torch.client import build_trajectory
+    from mixrl_wire.encoder import encode_trajectory
 
     task = pb.Task(lease_id="0" * 24, task_id=1, sample_indices=[0])
-    msg = build_trajectory(task, 0, finish_reason="length", **behaviour_arrays(args.tokens, args.k, 0))
-    msg.session_id = "0" * 32
-    payload = msg.SerializeToString()
+    payload = encode_trajectory(task, 0, finish_reason="length", session_id="0" * 32,
+                                **behaviour_arrays(args.tokens, args.k, 0)).data
     print(f"trajectory: {args.tokens} tokens, head K={args.k}, {len(payload) / 1e6:.3f} MB on the wire; "
           f"{args.clients} clients x {args.per_client}", flush=True)
 

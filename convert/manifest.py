@@ -130,3 +130,40 @@ def check_manifest(root: str | os.PathLike, *, hashes: bool = True) -> list[str]
                 problems.append(f"{root / rel}: sha256 {digest[:16]}... does not match "
                                 f"{MANIFEST_NAME} ({listed[rel]['sha256'][:16]}...); corrupt")
     return problems
+
+
+def check_relative(rel: str) -> None:
+    """Raise ``ManifestError`` if manifest path ``rel`` could name a file outside its directory
+    (absolute, or through ``..``): a manifest from the network must not pick where we write."""
+    p = Path(rel)
+    if p.is_absolute() or ".." in p.parts:
+        raise ManifestError(f"manifest path {rel!r} escapes the weights directory")
+
+
+def verify_files(root: str | os.PathLike, files: Mapping[str, tuple[int, str]]) -> list[str]:
+    """Problems of ``root`` against ``{relative path: (size, sha256)}``, each naming the file.
+
+    For a manifest that arrived another way than ``root/manifest.json`` (a sampler holds the one
+    the trainer published): only the listed files are checked, unlisted extras are allowed. Sizes
+    first, so a truncated file is reported without hashing; the rest hash in parallel.
+    """
+    root = Path(root)
+    problems, to_hash = [], []
+    for rel, (size, sha) in sorted(files.items()):
+        try:
+            check_relative(rel)
+        except ManifestError as e:
+            problems.append(str(e))
+            continue
+        path = root / rel
+        if not path.is_file():
+            problems.append(f"{path}: missing")
+        elif path.stat().st_size != size:
+            problems.append(f"{path}: size {path.stat().st_size} bytes, the manifest says {size}")
+        else:
+            to_hash.append((rel, sha))
+    digests = parallel_map(lambda item: sha256_file(root / item[0]), to_hash)
+    for (rel, sha), digest in zip(to_hash, digests, strict=True):
+        if digest != sha:
+            problems.append(f"{root / rel}: sha256 does not match the manifest (corrupt)")
+    return problems

@@ -3,12 +3,22 @@
 A neutral top-level package (not inside ``trainer_jax`` or ``sampler_torch``) because both sides
 import it and neither should pull in the other's heavy dependencies (JAX, torch): an external
 sampler needs only this package and ``sampler_torch.client``, which import no torch.
+``mixrl_wire.encoder`` writes trajectories, ``mixrl_wire.fastpath`` reads them.
 """
+
+from types import MappingProxyType
 
 from mixrl_wire.v1 import rollout_pb2 as pb
 from mixrl_wire.v1 import rollout_pb2_grpc as pb_grpc
 
 SERVICE_NAME = "mixrl.v1.Rollout"
+
+# ``Trajectory``'s ``Array`` fields, name -> field number, in field-number (= wire) order. Read off
+# the generated descriptor so that the encoder, the fast-path decoder and the client's size bound
+# cannot drift from proto/ when a field is added or renumbered.
+TRAJECTORY_ARRAY_FIELDS = MappingProxyType({
+    f.name: f.number for f in sorted(pb.Trajectory.DESCRIPTOR.fields, key=lambda f: f.number)
+    if f.message_type is not None and f.message_type.full_name == pb.Array.DESCRIPTOR.full_name})
 
 # HTTP/2 settings for channels that carry trajectories (hundreds of kB each) on both ends: the
 # largest frames HTTP/2 allows and a large write buffer cut per-frame work; BDP probing is off
@@ -20,4 +30,4 @@ BULK_CHANNEL_OPTIONS = (
     ("grpc.http2.bdp_probe", 0),
 )
 
-__all__ = ["BULK_CHANNEL_OPTIONS", "SERVICE_NAME", "pb", "pb_grpc"]
+__all__ = ["BULK_CHANNEL_OPTIONS", "SERVICE_NAME", "TRAJECTORY_ARRAY_FIELDS", "pb", "pb_grpc"]

@@ -16,11 +16,10 @@ from __future__ import annotations
 import dataclasses
 import struct
 
-from mixrl_wire.v1 import rollout_pb2 as pb
+from mixrl_wire import TRAJECTORY_ARRAY_FIELDS, pb
 
-_ARRAY_FIELDS = {5: "token_ids", 6: "loss_mask", 7: "logprobs", 8: "logprobs_full", 9: "versions",
-                 10: "head_ids", 11: "head_logprobs", 12: "support_indptr", 13: "support_ids",
-                 14: "support_logprobs"}
+# Field number -> name: the decoder meets numbers on the wire.
+_ARRAY_FIELDS = {num: name for name, num in TRAJECTORY_ARRAY_FIELDS.items()}
 _F32 = struct.Struct("<f")
 _F64 = struct.Struct("<d")
 

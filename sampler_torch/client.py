@@ -10,78 +10,47 @@ weights, status) with the behaviour a sampler wants on a flaky network:
 - submissions are idempotent on the server (lease, sample index), so a retry after an ambiguous
   failure is acknowledged as a duplicate instead of being counted twice;
 - weight files are verified against the sha256 manifest the trainer published before anyone may
-  load them (``materialize_weights``).
+  load them (``materialize_weights``, in ``sampler_torch.weights_fetch``).
 
-No torch here: an external sampler needs only this module, ``mixrl_wire`` and numpy.
+Trajectories are encoded by ``mixrl_wire.encoder`` (``encode_trajectory``, re-exported here with
+``EncodedTrajectory`` and ``build_trajectory`` for callers of this module). No torch here: an
+external sampler needs only this module, ``mixrl_wire``, ``convert.manifest`` and numpy.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import logging
 import os
-import random
-import shutil
 import socket
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import grpc
-import numpy as np
 
-from mixrl_wire import BULK_CHANNEL_OPTIONS, SERVICE_NAME, pb, pb_grpc
-from mixrl_wire import encoder as wire
-from mixrl_wire.arrays import encode
+from mixrl_wire import SERVICE_NAME, pb, pb_grpc
+from mixrl_wire.encoder import EncodedTrajectory, build_trajectory, encode_trajectory, size_bound
+from sampler_torch.channel import (
+    RETRYABLE,
+    Backoff,
+    BackpressureSignal,
+    RolloutError,
+    TLSOptions,
+    is_retryable,
+    open_channel,
+)
+from sampler_torch.weights_fetch import WeightsError, check_downloaded, materialize_weights
+
+__all__ = ["Backoff", "EncodedTrajectory", "RolloutClient", "RolloutError", "SubmitResult", "TLSOptions",
+           "WeightsError", "build_trajectory", "encode_trajectory"]
 
 log = logging.getLogger("mixrl.client")
 
-_RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
-              grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.ABORTED}
 _OK = grpc.StatusCode.OK
 _CODES = {c.value[0]: c for c in grpc.StatusCode}
-
-
-class RolloutError(RuntimeError):
-    """A call failed for good (not retried, or out of retry time): ``code`` says why."""
-
-    def __init__(self, code: grpc.StatusCode, details: str):
-        super().__init__(f"{code.name}: {details}")
-        self.code = code
-        self.details = details
-
-
-class WeightsError(RuntimeError):
-    """Published weights could not be obtained or failed verification; keep the old ones."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Backoff:
-    """Exponential backoff with multiplicative jitter."""
-
-    initial_s: float = 0.05
-    max_s: float = 5.0
-    multiplier: float = 2.0
-    jitter: float = 0.2
-
-    def delays(self) -> Iterator[float]:
-        d = self.initial_s
-        while True:
-            yield d * (1 + random.uniform(-self.jitter, self.jitter))
-            d = min(d * self.multiplier, self.max_s)
-
-
-@dataclasses.dataclass(frozen=True)
-class TLSOptions:
-    """Client side of TLS: the CA that signed the server's cert; ``cert_file``/``key_file`` for mTLS."""
-
-    ca_file: str | None = None
-    cert_file: str | None = None
-    key_file: str | None = None
-    server_name: str | None = None  # override the name checked against the server's certificate
+_DEFAULT_BACKOFF = Backoff()  # frozen: one shared default is safe
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,11 +67,6 @@ class SubmitResult:
         return self.code == _OK
 
 
-def _is_size_error(e: grpc.RpcError) -> bool:
-    # gRPC reports an over-limit message as RESOURCE_EXHAUSTED too; it must not be retried.
-    return e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "larger than max" in (e.details() or "")
-
-
 class RolloutClient:
     """A session with one trainer. Thread-safe: the sampler loop, its heartbeat and its weights
     watcher share one client (one channel)."""
@@ -110,7 +74,7 @@ class RolloutClient:
     def __init__(self, address: str, token: str, *, group: str, recipe: pb.Recipe | Mapping | str = "bf16",
                  accelerator: str = "", capacity: int = 1, weight_formats: Sequence[str] = ("bf16",),
                  name: str | None = None, tls: TLSOptions | None = None,
-                 max_message_bytes: int = 64 * 1024**2, backoff: Backoff = Backoff(),
+                 max_message_bytes: int = 64 * 1024**2, backoff: Backoff = _DEFAULT_BACKOFF,
                  rpc_timeout_s: float = 30.0, max_retry_s: float | None = None):
         if not token:
             raise ValueError("a bearer token is required (MIXRL_TOKEN or --token-file)")
@@ -137,28 +101,7 @@ class RolloutClient:
         self.info: pb.RegisterResponse | None = None
         self.registrations = 0
         self.expired_leases: set[str] = set()
-        options = [
-            ("grpc.max_send_message_length", max_message_bytes),
-            ("grpc.max_receive_message_length", max_message_bytes),
-            ("grpc.keepalive_time_ms", 20_000),
-            ("grpc.keepalive_timeout_ms", 10_000),
-            ("grpc.keepalive_permit_without_calls", 1),
-            *BULK_CHANNEL_OPTIONS,
-            # Reconnect quickly after a trainer restart (gRPC's default backoff reaches 120 s).
-            ("grpc.initial_reconnect_backoff_ms", 100),
-            ("grpc.min_reconnect_backoff_ms", 100),
-            ("grpc.max_reconnect_backoff_ms", 2000),
-        ]
-        if tls is not None:
-            if tls.server_name:
-                options.append(("grpc.ssl_target_name_override", tls.server_name))
-            read = lambda p: Path(p).read_bytes() if p else None
-            creds = grpc.ssl_channel_credentials(root_certificates=read(tls.ca_file),
-                                                 private_key=read(tls.key_file),
-                                                 certificate_chain=read(tls.cert_file))
-            self._channel = grpc.secure_channel(address, creds, options=options)
-        else:
-            self._channel = grpc.insecure_channel(address, options=options)
+        self._channel = open_channel(address, tls, max_message_bytes)
         self._stub = pb_grpc.RolloutStub(self._channel)
         # Submit and SubmitStream send serialized bytes as they are: an ``EncodedTrajectory`` is
         # already on the wire format, a ``pb.Trajectory`` is serialized once by ``_wire_bytes``.
@@ -213,7 +156,7 @@ class RolloutClient:
                 if code == grpc.StatusCode.NOT_FOUND and session and "session" in (e.details() or ""):
                     self._forget_session()
                     continue
-                if code in _RETRYABLE and not _is_size_error(e):
+                if is_retryable(e):
                     self._sleep(delays, start, what, e)
                     continue
                 raise RolloutError(code, e.details() or "") from None
@@ -298,7 +241,7 @@ class RolloutClient:
             size = len(data)
         else:
             traj.session_id = sid
-            size = _size_bound(traj)  # refuse a huge message before serializing it
+            size = size_bound(traj)  # refuse a huge message before serializing it
             data = b""
             if size <= self.max_message_bytes:
                 data = traj.SerializeToString()
@@ -327,7 +270,7 @@ class RolloutClient:
                 return SubmitResult(ack.task_id, ack.sample_index, _OK, duplicate=ack.duplicate)
             except grpc.RpcError as e:
                 code = e.code()
-                if code in _RETRYABLE and not _is_size_error(e) and not self._closed.is_set():
+                if is_retryable(e) and not self._closed.is_set():
                     try:
                         self._sleep(delays, start, "submit", e)
                     except RolloutError as gave_up:
@@ -367,7 +310,7 @@ class RolloutClient:
                         if code == grpc.StatusCode.NOT_FOUND:
                             self._forget_session()
             except grpc.RpcError as e:
-                if e.code() not in _RETRYABLE or _is_size_error(e):
+                if not is_retryable(e):
                     for t in send:
                         results.setdefault(id(t), SubmitResult(t.task_id, t.sample_index, e.code(),
                                                                e.details() or ""))
@@ -376,7 +319,7 @@ class RolloutClient:
             todo = retry
             if todo:
                 try:
-                    self._sleep(delays, start, "submit_many", _Pseudo(grpc.StatusCode.RESOURCE_EXHAUSTED))
+                    self._sleep(delays, start, "submit_many", BackpressureSignal())
                 except RolloutError as gave_up:
                     for t in todo:
                         results[id(t)] = SubmitResult(t.task_id, t.sample_index, gave_up.code,
@@ -439,17 +382,12 @@ class RolloutClient:
                     self._forget_session()
                     self.register()
                     continue
-                if e.code() not in _RETRYABLE:
+                if e.code() not in RETRYABLE:
                     raise WeightsError(f"fetching {rel} of version {version}: {e.code().name} "
                                        f"{e.details()}") from None
                 self._sleep(delays, start, f"fetch {rel}", e)
-        dest.touch()
-        got = dest.stat().st_size
-        if got != size or sha256_file(dest) != sha256:
-            dest.unlink(missing_ok=True)
-            raise WeightsError(f"{rel} of version {version} ({fmt}): "
-                               + (f"size {got}, the manifest says {size}" if got != size
-                                  else "sha256 does not match the manifest (corrupt)"))
+        dest.touch()  # an empty file is never downloaded: make it exist for the check
+        check_downloaded(dest, rel, version, fmt, size, sha256)
 
     def _download(self, version: int, fmt: str, rel: str, dest: Path, offset: int, size: int) -> None:
         req = pb.FetchWeightsRequest(session_id=self.session_id, version=version, format=fmt, path=rel,
@@ -470,214 +408,5 @@ class RolloutClient:
         Every file is checked against the published sha256 manifest either way; any problem
         raises ``WeightsError`` and nothing is returned (the caller keeps its current weights).
         """
-        locations = {loc.format: loc for loc in wv.locations}
-        fmt = next((f for f in self.weight_formats if f in locations), None)
-        if fmt is None:
-            raise WeightsError(f"version {wv.version} offers formats {sorted(locations)}, "
-                               f"this sampler takes {list(self.weight_formats)}")
-        loc = locations[fmt]
-        files = {f.path: (f.size, f.sha256) for f in loc.manifest.files}
-        if not files:
-            raise WeightsError(f"version {wv.version} format {fmt}: empty manifest")
-        shared = Path(loc.path)
-        if transfer == "shared" or (transfer == "auto" and shared.is_dir()):
-            problems = verify_files(shared, files)
-            if problems:
-                raise WeightsError(f"version {wv.version} format {fmt}: " + "; ".join(problems))
-            return fmt, shared
-        final = Path(cache_dir) / f"{self.server_id}-v{wv.version:08d}" / fmt
-        if final.is_dir() and not verify_files(final, files):
-            return fmt, final
-        final.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{fmt}.part-", dir=final.parent))
-        try:
-            for rel, (size, sha) in sorted(files.items()):
-                _check_rel(rel)
-                self.fetch_file(wv.version, fmt, rel, tmp / rel, size, sha)
-            if final.exists():
-                shutil.rmtree(final)
-            os.replace(tmp, final)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        return fmt, final
-
-
-_ARRAY_FIELDS = ("token_ids", "loss_mask", "logprobs", "logprobs_full", "versions", "head_ids",
-                 "head_logprobs", "support_indptr", "support_ids", "support_logprobs")
-
-
-def _size_bound(traj: pb.Trajectory) -> int:
-    """An upper bound of the serialized size, without ``ByteSize()`` (as slow as serializing).
-
-    Array payloads and strings are exact; 1 KiB covers every tag, length prefix, shape and scalar.
-    """
-    return (1024 + sum(len(getattr(traj, f).data) for f in _ARRAY_FIELDS) + len(traj.session_id)
-            + len(traj.lease_id) + len(traj.finish_reason.encode()))
-
-
-class _Pseudo(grpc.RpcError):
-    """A stand-in error for ``_sleep`` when the stream itself succeeded but asked us to back off."""
-
-    def __init__(self, code: grpc.StatusCode):
-        self._code = code
-
-    def code(self) -> grpc.StatusCode:
-        return self._code
-
-    def details(self) -> str:
-        return "backpressure"
-
-
-def _check_rel(rel: str) -> None:
-    p = Path(rel)
-    if p.is_absolute() or ".." in p.parts:
-        raise WeightsError(f"manifest path {rel!r} escapes the weights directory")
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb", buffering=0) as f:
-        buf = bytearray(8 * 1024 * 1024)
-        view = memoryview(buf)
-        while n := f.readinto(buf):
-            h.update(view[:n])
-    return h.hexdigest()
-
-
-def verify_files(root: str | os.PathLike, files: Mapping[str, tuple[int, str]]) -> list[str]:
-    """Problems of ``root`` against ``{relative path: (size, sha256)}``, each naming the file."""
-    root = Path(root)
-    problems = []
-    for rel, (size, sha) in sorted(files.items()):
-        try:
-            _check_rel(rel)
-        except WeightsError as e:
-            problems.append(str(e))
-            continue
-        path = root / rel
-        if not path.is_file():
-            problems.append(f"{path}: missing")
-        elif path.stat().st_size != size:
-            problems.append(f"{path}: size {path.stat().st_size} bytes, the manifest says {size}")
-        elif sha256_file(path) != sha:
-            problems.append(f"{path}: sha256 does not match the manifest (corrupt)")
-    return problems
-
-
-# ------------------------------------------------------------------------------------------------
-# Building trajectories
-
-
-def _support_csr(support_ids, support_logprobs, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """CSR (indptr, ids, logprobs) from ragged rows or from rows padded with -1 ids / -inf logprobs."""
-    if isinstance(support_ids, np.ndarray) and support_ids.ndim == 2:
-        ids = np.asarray(support_ids)
-        lps = np.asarray(support_logprobs, dtype=np.float32)
-        keep = ids >= 0
-        lengths = keep.sum(axis=1)
-        return (np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32),
-                ids[keep].astype(np.int32), lps[keep])
-    rows_ids = [np.asarray(r) for r in support_ids]
-    rows_lps = [np.asarray(r, dtype=np.float32) for r in support_logprobs]
-    if len(rows_ids) != n:
-        raise ValueError(f"support has {len(rows_ids)} rows for {n} policy tokens")
-    keep = [r >= 0 for r in rows_ids]  # tolerate padded rows given as a list too
-    ids = [r[k] for r, k in zip(rows_ids, keep, strict=True)]
-    lps = [r[k] for r, k in zip(rows_lps, keep, strict=True)]
-    lengths = np.array([len(r) for r in ids], dtype=np.int64)
-    indptr = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
-    cat = lambda rows, dt: np.concatenate(rows).astype(dt) if rows else np.zeros(0, dt)
-    return indptr, cat(ids, np.int32), cat(lps, np.float32)
-
-
-def build_trajectory(task: pb.Task, sample_index: int, *, token_ids, logprobs, logprobs_full, versions,
-                     head_ids, head_logprobs, loss_mask=None, support_ids=None, support_logprobs=None,
-                     reward: float | None = None, finish_reason: str = "", queue_ms: float = 0.0,
-                     generate_ms: float = 0.0) -> pb.Trajectory:
-    """A ``Trajectory`` message for sample ``sample_index`` of a leased ``task``.
-
-    ``token_ids``: all tokens after the prompt; ``loss_mask`` (default: all policy tokens) marks
-    which the policy generated, and the per-token arrays are aligned with those. ``support_*``:
-    only when the task's sampling truncates; ragged rows, or rows padded with -1 / -inf.
-    """
-    tokens = np.asarray(token_ids, dtype=np.int32)
-    mask = np.ones(tokens.shape, np.uint8) if loss_mask is None else np.asarray(loss_mask, dtype=np.uint8)
-    msg = pb.Trajectory(lease_id=task.lease_id, task_id=task.task_id, sample_index=sample_index,
-                        finish_reason=finish_reason,
-                        timings=pb.Timings(queue_ms=queue_ms, generate_ms=generate_ms))
-    encode(tokens, "int32", msg.token_ids)
-    encode(mask, "uint8", msg.loss_mask)
-    encode(logprobs, "float32", msg.logprobs)
-    encode(logprobs_full, "float32", msg.logprobs_full)
-    encode(versions, "int32", msg.versions)
-    encode(head_ids, "int32", msg.head_ids)
-    encode(head_logprobs, "float32", msg.head_logprobs)
-    if support_ids is not None:
-        indptr, ids, lps = _support_csr(support_ids, support_logprobs, int(mask.sum()))
-        encode(indptr, "int32", msg.support_indptr)
-        encode(ids, "int32", msg.support_ids)
-        encode(lps, "float32", msg.support_logprobs)
-    if reward is not None:
-        msg.reward = float(reward)
-    return msg
-
-
-@dataclasses.dataclass(frozen=True)
-class EncodedTrajectory:
-    """A ``Trajectory`` already serialized (``encode_trajectory``): submitted without re-encoding.
-
-    ``data`` is the message for ``session_id``; ``for_session`` rewrites only that leading field
-    when the client's session changed (a re-registration) since it was encoded.
-    """
-
-    task_id: int
-    sample_index: int
-    data: bytes
-    session_id: str = ""
-
-    def for_session(self, session_id: str) -> bytes:
-        """The wire bytes with ``session_id`` (field 1, which the encoder writes first)."""
-        if session_id == self.session_id:
-            return self.data
-        old = len(wire.string_field(1, self.session_id))
-        return wire.string_field(1, session_id) + memoryview(self.data)[old:]
-
-    def to_message(self) -> pb.Trajectory:
-        """The same trajectory as a protobuf message (for inspection; not on the hot path)."""
-        return pb.Trajectory.FromString(self.data)
-
-    def __len__(self) -> int:
-        return len(self.data)
-
-
-def _wire_array(values, dtype: str) -> np.ndarray:
-    return np.ascontiguousarray(values, dtype=np.dtype(dtype).newbyteorder("<"))
-
-
-def encode_trajectory(task: pb.Task, sample_index: int, *, token_ids, logprobs, logprobs_full, versions,
-                      head_ids, head_logprobs, loss_mask=None, support_ids=None, support_logprobs=None,
-                      reward: float | None = None, finish_reason: str = "", queue_ms: float = 0.0,
-                      generate_ms: float = 0.0, session_id: str = "") -> EncodedTrajectory:
-    """``build_trajectory``'s trajectory written straight to the wire format from numpy arrays.
-
-    Same arguments and the same message (``pb.Trajectory.FromString(encoded.data)`` equals what
-    ``build_trajectory`` returns, with ``session_id`` set), without protobuf ``Array`` objects or
-    a serialization pass: each array is copied once. Pass the client's ``session_id`` to save the
-    copy that ``submit`` otherwise makes to insert it.
-    """
-    tokens = _wire_array(token_ids, "int32")
-    mask = np.ones(tokens.shape, np.uint8) if loss_mask is None else _wire_array(loss_mask, "uint8")
-    arrays = {"token_ids": tokens, "loss_mask": mask, "logprobs": _wire_array(logprobs, "float32"),
-              "logprobs_full": _wire_array(logprobs_full, "float32"),
-              "versions": _wire_array(versions, "int32"), "head_ids": _wire_array(head_ids, "int32"),
-              "head_logprobs": _wire_array(head_logprobs, "float32")}
-    if support_ids is not None:
-        indptr, ids, lps = _support_csr(support_ids, support_logprobs, int(mask.sum()))
-        arrays.update(support_indptr=_wire_array(indptr, "int32"), support_ids=_wire_array(ids, "int32"),
-                      support_logprobs=_wire_array(lps, "float32"))
-    data = wire.encode_trajectory(session_id=session_id, lease_id=task.lease_id, task_id=task.task_id,
-                                  sample_index=sample_index, arrays=arrays,
-                                  reward=None if reward is None else float(reward),
-                                  finish_reason=finish_reason, timings=(float(queue_ms), float(generate_ms)))
-    return EncodedTrajectory(task.task_id, sample_index, data, session_id)
+        return materialize_weights(wv, cache_dir, formats=self.weight_formats, fetch_file=self.fetch_file,
+                                   cache_key=str(self.server_id), transfer=transfer)

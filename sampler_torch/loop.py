@@ -30,7 +30,8 @@ from typing import Any
 import grpc
 
 from mixrl_wire import pb
-from sampler_torch.client import RolloutClient, RolloutError, encode_trajectory
+from mixrl_wire.encoder import encode_trajectory
+from sampler_torch.client import RolloutClient, RolloutError
 
 log = logging.getLogger("mixrl.sampler")
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from mixrl_wire import pb
-from sampler_torch.client import build_trajectory
+from mixrl_wire.encoder import build_trajectory
 
 
 def fake_records(n: int, vocab: int, head_k: int, rng: np.random.Generator, *, top_p: float = 1.0,

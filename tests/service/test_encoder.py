@@ -1,15 +1,40 @@
-"""``encode_trajectory`` writes exactly the bytes the protobuf runtime serializes for ``build_trajectory``."""
+"""``encode_trajectory`` writes exactly the bytes the protobuf runtime serializes for the same message."""
 
 import numpy as np
 import pytest
 from fakes import fake_records
 
-from mixrl_wire import pb
-from mixrl_wire.encoder import encode_trajectory as encode_wire
+from mixrl_wire import TRAJECTORY_ARRAY_FIELDS, pb
+from mixrl_wire.arrays import encode
+from mixrl_wire.encoder import EncodedTrajectory, build_trajectory, encode_trajectory, support_csr
+from mixrl_wire.encoder import encode_fields as encode_wire
 from mixrl_wire.fastpath import decode_trajectory, from_message
-from sampler_torch.client import EncodedTrajectory, build_trajectory, encode_trajectory
 
 VOCAB = 97
+
+
+def runtime_message(task: pb.Task, sample_index: int, *, token_ids, logprobs, logprobs_full, versions,
+                    head_ids, head_logprobs, loss_mask=None, support_ids=None, support_logprobs=None,
+                    reward=None, finish_reason="", queue_ms=0.0, generate_ms=0.0) -> pb.Trajectory:
+    """The reference: the same trajectory built field by field with the protobuf runtime."""
+    mask = np.ones(len(np.asarray(token_ids)), np.uint8) if loss_mask is None else loss_mask
+    msg = pb.Trajectory(lease_id=task.lease_id, task_id=task.task_id, sample_index=sample_index,
+                        finish_reason=finish_reason,
+                        timings=pb.Timings(queue_ms=queue_ms, generate_ms=generate_ms))
+    for name, values, dtype in [("token_ids", token_ids, "int32"), ("loss_mask", mask, "uint8"),
+                                ("logprobs", logprobs, "float32"),
+                                ("logprobs_full", logprobs_full, "float32"),
+                                ("versions", versions, "int32"), ("head_ids", head_ids, "int32"),
+                                ("head_logprobs", head_logprobs, "float32")]:
+        encode(values, dtype, getattr(msg, name))
+    if support_ids is not None:
+        indptr, ids, lps = support_csr(support_ids, support_logprobs, int(np.asarray(mask).sum()))
+        encode(indptr, "int32", msg.support_indptr)
+        encode(ids, "int32", msg.support_ids)
+        encode(lps, "float32", msg.support_logprobs)
+    if reward is not None:
+        msg.reward = reward
+    return msg
 
 
 def _records(n: int, k: int, seed: int, **kw) -> dict:
@@ -21,7 +46,8 @@ def _task(task_id: int = 7) -> pb.Task:
 
 
 def _check(task: pb.Task, sample_index: int, session_id: str = "sess-0123", **kw) -> EncodedTrajectory:
-    want = build_trajectory(task, sample_index, **kw)
+    want = runtime_message(task, sample_index, **kw)
+    assert build_trajectory(task, sample_index, **kw) == want  # the message form: no session yet
     want.session_id = session_id
     got = encode_trajectory(task, sample_index, session_id=session_id, **kw)
     assert isinstance(got.data, bytes)
@@ -60,9 +86,29 @@ def test_support_csr(top_p, top_k, padded):
     assert got.to_message().HasField("support_indptr")
 
 
+def test_support_csr_layout():
+    """Padded and ragged rows give the same CSR: padding (-1 ids) dropped, rows kept in order."""
+    ids = np.array([[3, 1, -1], [-1, -1, -1], [2, 0, 5]], np.int32)
+    lps = np.array([[-0.1, -2.0, -np.inf], [-np.inf] * 3, [-0.5, -1.0, -3.0]], np.float32)
+    ragged = ([r[r >= 0] for r in ids], [lp[r >= 0] for r, lp in zip(ids, lps, strict=True)])
+    for args in [(ids, lps), ragged]:
+        indptr, flat_ids, flat_lps = support_csr(*args, 3)
+        assert indptr.tolist() == [0, 2, 2, 5] and flat_ids.tolist() == [3, 1, 2, 0, 5]
+        assert flat_lps.tolist() == pytest.approx([-0.1, -2.0, -0.5, -1.0, -3.0])
+    with pytest.raises(ValueError, match="rows"):
+        support_csr([[1]], [[-0.1]], 2)
+
+
+def test_array_fields_follow_the_proto():
+    fields = pb.Trajectory.DESCRIPTOR.fields_by_name
+    assert list(TRAJECTORY_ARRAY_FIELDS) == [n for n in sorted(fields, key=lambda n: fields[n].number)
+                                             if fields[n].message_type is pb.Array.DESCRIPTOR]
+    assert TRAJECTORY_ARRAY_FIELDS["token_ids"] == 5 and TRAJECTORY_ARRAY_FIELDS["support_logprobs"] == 14
+
+
 def test_environment_tokens_and_dtype_conversion():
     rec = _records(6, 3, 1)
-    env = np.arange(4, dtype=np.int64)  # int64 / bool / float64 inputs are cast as build_trajectory does
+    env = np.arange(4, dtype=np.int64)  # int64 / bool / float64 inputs are cast, as the runtime's encode does
     tokens = np.concatenate([rec.pop("token_ids").astype(np.int64), env])
     mask = np.array([True] * 6 + [False] * 4)
     rec["logprobs"] = rec["logprobs"].astype(np.float64)
@@ -94,7 +140,7 @@ def test_for_session_rewrites_only_the_session():
     rec = _records(9, 3, 4)
     for old, new in [("", "s" * 32), ("a" * 32, "b" * 200), ("x" * 200, ""), ("same", "same")]:
         got = encode_trajectory(_task(), 1, session_id=old, **rec)
-        want = build_trajectory(_task(), 1, **rec)
+        want = runtime_message(_task(), 1, **rec)
         want.session_id = new
         assert got.for_session(new) == want.SerializeToString()
 
