@@ -8,6 +8,7 @@ Commands::
     mixrl-convert quantize --in HF_DIR --format F --out DIR           HF -> quantized HF dir
     mixrl-convert publish  --in SRC --root ROOT --version V --format F [--format F ...]
     mixrl-convert verify   DIR                            manifest, shards, tensors vs config
+                                                          (a published version dir: each format)
     mixrl-convert inspect  DIR [--against HF_DIR]         per-tensor dequantization error
 
 Every write is atomic (temp directory + rename): on any error nothing is left behind. Errors
@@ -157,28 +158,55 @@ def cmd_publish(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_verify(args: argparse.Namespace) -> int:
-    from convert.verify import VerifyError, verify_dir
+def _print_verify(result) -> bool:
+    """Print one ``verify_dir`` outcome (a report, or the VerifyError); return whether it passed."""
+    from convert.verify import VerifyError
 
-    try:
-        report = verify_dir(args.dir, manifest=not args.no_manifest, hashes=not args.no_hashes)
-    except VerifyError as e:
+    if isinstance(result, VerifyError):
         console = _console()
-        console.print(f"[red]FAILED[/red] {e.path}")
-        for problem in e.problems:
+        console.print(f"[red]FAILED[/red] {result.path}")
+        for problem in result.problems:
             console.print(f"  {problem}", markup=False, soft_wrap=True)
-        return EXIT_ERROR
+        return False
     _console(stderr=False).print(
-        f"OK {report.path}: format {report.format}, {report.model_type}, {report.tensors} "
-        f"tensors in {report.files} file(s)", soft_wrap=True)
-    return 0
+        f"OK {result.path}: format {result.format}, {result.model_type}, {result.tensors} "
+        f"tensors in {result.files} file(s)", soft_wrap=True)
+    return True
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from convert.publish import version_formats
+    from convert.verify import VerifyError, verify_dir, verify_version
+
+    kwargs = dict(manifest=not args.no_manifest, hashes=not args.no_hashes)
+    formats = version_formats(args.dir)
+    if formats:
+        # A published version is verified whole: a sampler group loads several of its formats,
+        # and "is v12 intact?" is the question asked of it. Exit 1 if any format fails.
+        _console().print(f"{args.dir} is a published version directory holding formats "
+                         f"{', '.join(formats)}: verifying each", soft_wrap=True)
+        results = verify_version(args.dir, **kwargs)
+        passed = [_print_verify(r) for r in results.values()]
+        return 0 if all(passed) else EXIT_ERROR
+    try:
+        result = verify_dir(args.dir, **kwargs)
+    except VerifyError as e:
+        result = e
+    return 0 if _print_verify(result) else EXIT_ERROR
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from convert.inspection import iter_stats
+    from convert.publish import describe_published
 
+    for path in (args.dir, args.against):
+        # A version directory holds one export per format: which one to inspect is the user's
+        # choice, so name them rather than fail on its missing config.json.
+        published = path and describe_published(path)
+        if published:
+            raise ValueError(published)
     rows = list(iter_stats(args.dir, args.against))
     if args.json:
         Path(args.json).write_text(json.dumps([r.as_dict() for r in rows], indent=1) + "\n")

@@ -1,62 +1,20 @@
-"""Per-layer FP8 KV-cache scales from a calibration batch.
+"""FP8 KV-cache scales for an export: the calibration ids, and the registered calibrator.
 
-An FP8 (e4m3) KV cache stores ``k / k_scale`` and ``v / v_scale``; SGLang and vLLM read the
-scales from ``model.layers.{i}.self_attn.k_scale`` / ``v_scale`` (float32 scalars). We run the
-sampler's own PyTorch model (``sampler_torch.models``) over a calibration batch with a KV cache
-that records the max |K| (after q/k-norm and RoPE, exactly what is cached) and max |V| per layer,
-and choose ``scale = amax / 448`` so the largest calibrated entry maps to e4m3's max.
+Calibrating needs a model forward pass, which only the samplers have (``sampler_torch``
+registers ``sampler_torch.kv_calibration.calibrate_kv_scales`` through the ``mixrl.convert``
+entry point; see ``convert.plugins``). This module holds what ``convert`` owns: reading the
+token ids and validating the scales a calibrator returns before they are written.
 """
 
 from __future__ import annotations
 
+import json
+import math
 import os
 
 import numpy as np
 
-E4M3_MAX = 448.0
-MIN_SCALE = 1e-6  # a layer whose K or V is all zero on the batch still gets a usable scale
-
-
-def calibrate_kv_scales(model_or_dir, input_ids, *, dtype=None) -> dict[int, tuple[float, float]]:
-    """``{layer: (k_scale, v_scale)}`` from running ``input_ids [B, T]`` through the model.
-
-    ``model_or_dir``: a ``sampler_torch.models.Qwen3ForCausalLM`` or an HF directory (loaded
-    in ``dtype``, default float32).
-    """
-    import torch
-
-    from sampler_torch.models import KVCache, load_hf
-
-    if isinstance(model_or_dir, (str, os.PathLike)):
-        model = load_hf(model_or_dir, dtype=dtype or torch.float32)
-    else:
-        model = model_or_dir
-    ids = torch.as_tensor(np.asarray(input_ids), dtype=torch.long)
-    if ids.ndim != 2 or ids.numel() == 0:
-        raise ValueError(f"calibration input_ids must be a non-empty [B, T] array, got "
-                         f"{tuple(ids.shape)}")
-    if int(ids.min()) < 0 or int(ids.max()) >= model.config.vocab_size:
-        raise ValueError(f"calibration token ids must lie in [0, {model.config.vocab_size})")
-
-    class AmaxCache(KVCache):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            self.amax = np.zeros((len(self.k), 2))
-
-        def write(self, layer, slots, positions, k, v):
-            self.amax[layer, 0] = max(self.amax[layer, 0], float(k.detach().abs().max()))
-            self.amax[layer, 1] = max(self.amax[layer, 1], float(v.detach().abs().max()))
-            super().write(layer, slots, positions, k, v)
-
-    param = next(model.parameters())
-    cache = AmaxCache.for_model(model.config, slots=ids.shape[0], max_len=ids.shape[1],
-                                dtype=param.dtype, device=param.device)
-    with torch.no_grad():
-        model(ids.to(param.device), cache=cache)
-    if not np.isfinite(cache.amax).all():
-        raise ValueError("calibration produced NaN/Inf keys or values")
-    return {i: (max(float(k) / E4M3_MAX, MIN_SCALE), max(float(v) / E4M3_MAX, MIN_SCALE))
-            for i, (k, v) in enumerate(cache.amax)}
+from convert.plugins import kv_calibrator
 
 
 def load_calibration_ids(path: str | os.PathLike) -> np.ndarray:
@@ -65,11 +23,25 @@ def load_calibration_ids(path: str | os.PathLike) -> np.ndarray:
     if p.endswith(".npy"):
         ids = np.load(p)
     else:
-        import json
-
         with open(p) as f:
             ids = np.asarray(json.load(f))
     if ids.ndim != 2 or not np.issubdtype(ids.dtype, np.integer):
         raise ValueError(f"{p}: expected integer token ids of shape [B, T], got {ids.dtype}"
                          f"{list(ids.shape)}")
     return ids
+
+
+def calibrate_kv_scales(hf_dir: str | os.PathLike,
+                        input_ids) -> dict[int, tuple[float, float]]:
+    """``{layer: (k_scale, v_scale)}`` from the registered calibrator run on ``hf_dir``.
+
+    Raises ``convert.plugins.PluginError`` (one line naming what to install) when no calibrator
+    can be loaded.
+    """
+    scales = kv_calibrator()(hf_dir, np.asarray(input_ids))
+    # A provider's output goes straight into the export: refuse values no serving stack can use.
+    for layer, pair in scales.items():
+        if len(pair) != 2 or not all(math.isfinite(s) and s > 0 for s in pair):
+            raise ValueError(f"KV calibrator returned scales {pair!r} for layer {layer}; "
+                             "expected two positive finite floats")
+    return scales

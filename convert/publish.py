@@ -31,8 +31,8 @@ from pathlib import Path
 
 from convert.atomic import atomic_directory, atomic_write_text
 from convert.export import export_hf
-from convert.formats import get_codec
-from convert.hf_checkpoint import DEFAULT_MAX_SHARD_BYTES
+from convert.formats import FORMATS, get_codec
+from convert.hf_checkpoint import CONFIG_NAME, DEFAULT_MAX_SHARD_BYTES
 from convert.qwen3_config import Qwen3Config
 from convert.sources import Source, open_source
 
@@ -64,6 +64,56 @@ def latest_version(out_root: str | os.PathLike) -> Path | None:
     if not pointer.is_file():
         return None
     return Path(out_root) / pointer.read_text().strip()
+
+
+def version_formats(path: str | os.PathLike) -> list[str] | None:
+    """The formats of the published version directory ``path``; ``None`` if it is not one.
+
+    A version directory (``out_root/v00000042/``) holds ``version.json`` and one HF directory per
+    format but no ``config.json`` itself; commands meant for one format directory use this to
+    say what to point them at instead of failing on a missing ``config.json``. The formats are
+    those ``version.json`` lists plus any format subdirectory present (a damaged version may
+    lack either), in the order published.
+    """
+    p = Path(path)
+    # Only what publish writes counts (its version.json or its vNNNNNNNN name), so that an
+    # arbitrary directory that happens to hold an export named bf16/ is not taken for one.
+    if (not p.is_dir() or (p / CONFIG_NAME).exists()
+            or not ((p / VERSION_FILE).is_file() or _VERSION_DIR.match(p.absolute().name))):
+        return None
+    listed: list[str] = []
+    try:
+        meta = json.loads((p / VERSION_FILE).read_text())
+        listed = [f for f in meta["formats"] if isinstance(f, str)] if isinstance(
+            meta["formats"], list) else []
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # no or unreadable version.json: fall back to the subdirectories
+    present = [f for f in FORMATS if (p / f / CONFIG_NAME).is_file()]
+    formats = list(dict.fromkeys(listed + present))
+    return formats or None
+
+
+def describe_published(path: str | os.PathLike) -> str | None:
+    """One line for a publish root or version directory given where one format's is expected.
+
+    Such a path holds no ``config.json`` of its own, so readers would report just that; this
+    says what the path is, which formats it holds, and which directory to use instead. ``None``
+    for any other path.
+    """
+    p = Path(path)
+    formats = version_formats(p)
+    if formats:
+        return (f"{p} is a published version directory holding formats {', '.join(formats)}: "
+                f"point at one format directory, e.g. {p / formats[0]}")
+    versions = list_versions(p)
+    newest = latest_version(p)
+    if newest is None and not versions:
+        return None
+    newest = newest or p / version_dirname(versions[-1])
+    formats = version_formats(newest) or []
+    return (f"{p} is a publish root ({len(versions)} version(s); {newest.name} has formats "
+            f"{', '.join(formats) or 'none'}): point at one format directory, e.g. "
+            f"{newest / (formats[0] if formats else 'FORMAT')}")
 
 
 def prune_versions(out_root: str | os.PathLike, keep_last: int) -> list[Path]:

@@ -2,11 +2,14 @@
 
 ``open_source`` turns any of them into a ``Source``: the HF config dict, a factory returning a
 fresh iterator of ``(hf_name, array)`` pairs, and the directory tokenizer files come from.
+Kinds of directory that only a package above ``convert`` can read (a trainer training
+checkpoint) come from source readers registered in ``convert.plugins``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -16,8 +19,8 @@ import numpy as np
 
 from convert.hf_checkpoint import CONFIG_NAME, CheckpointError, HFCheckpoint
 from convert.orbax_io import OrbaxCheckpoint, is_orbax_checkpoint
+from convert.plugins import failed_providers, source_readers, unavailable_note
 from convert.qwen3_config import Qwen3Config
-from convert.trainer_checkpoint import is_trainer_checkpoint, trainer_checkpoint_tensors
 
 TensorIter = Iterator[tuple[str, np.ndarray]]
 
@@ -55,30 +58,15 @@ def open_source(src, config: Mapping | Qwen3Config | None = None, *,
     """Resolve ``src`` into a ``Source``.
 
     ``src`` may be a path (HF directory with ``config.json`` + safetensors, a mixrl orbax
-    checkpoint, or a trainer training checkpoint, which needs ``config`` and takes ``step``), a
-    callable returning an iterator of ``(hf_name, array)``, a mapping ``{hf_name: array}``, or a
-    one-shot iterable of pairs. ``config`` (HF dict or ``Qwen3Config``) is required for the last
-    three and overrides the stored one for paths.
+    checkpoint, or a directory a registered source reader detects, e.g. a trainer training
+    checkpoint, which needs ``config`` and takes ``step``), a callable returning an iterator of
+    ``(hf_name, array)``, a mapping ``{hf_name: array}``, or a one-shot iterable of pairs.
+    ``config`` (HF dict or ``Qwen3Config``) is required for the last three and overrides the
+    stored one for paths.
     """
     cfg = _config_dict(config)
     if isinstance(src, (str, os.PathLike)):
-        path = Path(src)
-        if is_trainer_checkpoint(path):
-            if cfg is None:
-                raise SourceError(f"{path} is a training checkpoint, which stores no model "
-                                  "config: pass the run's HF config (--config)")
-            return Source(cfg, lambda: trainer_checkpoint_tensors(path, cfg, step))
-        if is_orbax_checkpoint(path):
-            ckpt = OrbaxCheckpoint(path)
-            return Source(cfg or ckpt.config, ckpt.tensors, path)
-        if (path / CONFIG_NAME).is_file():
-            try:
-                hf = HFCheckpoint(path)
-            except CheckpointError as e:
-                raise SourceError(str(e)) from None
-            return Source(cfg or hf.config, hf.tensors, path)
-        raise SourceError(f"{path}: not an HF directory (config.json + *.safetensors), a mixrl "
-                          "orbax checkpoint or a training checkpoint")
+        return _open_path(Path(src), cfg, step)
     if cfg is None:
         raise SourceError("a config is required when exporting in-memory parameters")
     if callable(src):
@@ -98,3 +86,30 @@ def open_source(src, config: Mapping | Qwen3Config | None = None, *,
 
         return Source(cfg, once, reiterable=False)
     raise SourceError(f"cannot export from {type(src).__name__}")
+
+
+def _open_path(path: Path, cfg: dict | None, step: int | None) -> Source:
+    # Registered readers first: they detect directories by their own layout (a training
+    # checkpoint's <step>/state), which must win over the generic markers below.
+    readers = source_readers()
+    for reader in readers:
+        if reader.detect(path):
+            if cfg is None:
+                raise SourceError(f"{path} is {reader.description}, which stores no model "
+                                  "config: pass the run's HF config (--config)")
+            reader.check()  # a missing package fails here, before any output is started
+            return Source(cfg, functools.partial(reader.open, path, cfg, step))
+    if is_orbax_checkpoint(path):
+        ckpt = OrbaxCheckpoint(path)
+        return Source(cfg or ckpt.config, ckpt.tensors, path)
+    if (path / CONFIG_NAME).is_file():
+        try:
+            hf = HFCheckpoint(path)
+        except CheckpointError as e:
+            raise SourceError(str(e)) from None
+        return Source(cfg or hf.config, hf.tensors, path)
+    kinds = ["an HF directory (config.json + *.safetensors)", "a mixrl orbax checkpoint",
+             *(r.description for r in readers)]
+    # A provider that failed to load might have recognized this path: say why it is missing.
+    note = unavailable_note() if failed_providers() else ""
+    raise SourceError(f"{path}: not {', '.join(kinds[:-1])} or {kinds[-1]}{note}")

@@ -12,6 +12,9 @@ Checks, in order, each problem naming the file it concerns:
    projections as the codec's ``tensor_specs``, everything else as a float tensor of the HF
    shape; optional per-layer ``k_scale``/``v_scale`` scalars are allowed; anything else is an
    unexpected tensor.
+
+A published version directory (``out_root/v00000042/``, one HF directory per format) is not
+one export: ``verify_dir`` refuses it naming its formats, ``verify_version`` checks each.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from convert.formats import detect_format, is_quantized_weight, module_of
 from convert.formats.numerics import BF16
 from convert.hf_checkpoint import CONFIG_NAME, CheckpointError, HFCheckpoint
 from convert.manifest import check_manifest
+from convert.publish import describe_published, version_formats
 from convert.qwen3_config import ConfigError, Qwen3Config, hf_tensor_shapes
 from convert.safetensors_io import SafetensorsError, SafetensorsFile
 
@@ -71,6 +75,9 @@ def verify_dir(path: str | os.PathLike, *, manifest: bool = True,
     path = Path(path)
     if not path.is_dir():
         raise VerifyError(path, [f"{path}: not a directory"])
+    published = describe_published(path)
+    if published:  # one clear finding instead of "manifest.json/config.json missing"
+        raise VerifyError(path, [published])
     problems: list[str] = []
     if manifest:
         problems += check_manifest(path, hashes=hashes)
@@ -126,3 +133,31 @@ def verify_dir(path: str | os.PathLike, *, manifest: bool = True,
     if problems:
         raise VerifyError(path, problems)
     return VerifyReport(path, codec.name, cfg.model_type, len(wmap), len(ckpt.files()))
+
+
+def verify_version(path: str | os.PathLike, *, manifest: bool = True,
+                   hashes: bool = True) -> dict[str, VerifyReport | VerifyError]:
+    """``verify_dir`` every format of the published version directory ``path``.
+
+    Returns ``{format: report or the VerifyError}`` for each format ``version.json`` lists or a
+    subdirectory holds (a listed format whose directory is gone fails as "not a directory"; a
+    directory holding another format than its name fails too). Raises ``VerifyError`` if
+    ``path`` is not a version directory.
+    """
+    path = Path(path)
+    formats = version_formats(path)
+    if not formats:
+        raise VerifyError(path, [f"{path}: not a published version directory"])
+    results: dict[str, VerifyReport | VerifyError] = {}
+    for fmt in formats:
+        try:
+            report = verify_dir(path / fmt, manifest=manifest, hashes=hashes)
+        except VerifyError as e:
+            results[fmt] = e
+            continue
+        if report.format != fmt:
+            results[fmt] = VerifyError(report.path, [f"{report.path}: holds format "
+                                                     f"{report.format}, not {fmt}"])
+        else:
+            results[fmt] = report
+    return results

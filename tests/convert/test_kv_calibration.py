@@ -13,8 +13,8 @@ from tiny_models import build_hf_model  # noqa: E402
 from convert.cli import main  # noqa: E402
 from convert.export import kv_scale_names  # noqa: E402
 from convert.hf_checkpoint import HFCheckpoint  # noqa: E402
-from convert.kv_calibration import calibrate_kv_scales  # noqa: E402
 from convert.verify import verify_dir  # noqa: E402
+from sampler_torch.kv_calibration import calibrate_kv_scales  # noqa: E402
 
 
 @pytest.fixture(scope="module")

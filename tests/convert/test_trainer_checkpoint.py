@@ -1,4 +1,5 @@
-"""Exporting the params of a trainer training checkpoint (trainer_jax.checkpoint)."""
+"""Exporting the params of a trainer training checkpoint (trainer_jax.checkpoint), through the
+reader trainer_jax.checkpoint_export registers with convert.plugins."""
 
 import json
 
@@ -16,8 +17,11 @@ from convert.hf_checkpoint import HFCheckpoint  # noqa: E402
 from convert.publish import publish  # noqa: E402
 from convert.qwen3_config import Qwen3Config  # noqa: E402
 from convert.sources import SourceError  # noqa: E402
-from convert.trainer_checkpoint import TrainerCheckpointError, trainer_checkpoint_tensors  # noqa: E402
 from trainer_jax.checkpoint import Checkpointer  # noqa: E402
+from trainer_jax.checkpoint_export import (  # noqa: E402
+    TrainerCheckpointError,
+    trainer_checkpoint_tensors,
+)
 from trainer_jax.models import init_model, iter_hf_tensors  # noqa: E402
 
 CFG = Qwen3Config(vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
@@ -68,3 +72,20 @@ def test_a_different_config_is_refused(trained):
                         num_attention_heads=4, num_key_value_heads=2, head_dim=8)
     with pytest.raises(TrainerCheckpointError, match="do not fit"):
         list(trainer_checkpoint_tensors(root, other))
+
+
+def test_cli_export_of_a_training_checkpoint(trained, tmp_path, capsys):
+    # mixrl-convert reaches the trainer's reader only through the mixrl.convert entry point.
+    from convert.cli import main
+
+    root, models = trained
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(CFG.to_hf_dict()))
+    out = tmp_path / "bf16"
+    assert main(["export", "--checkpoint", str(root), "--config", str(config), "--step", "3",
+                 "--out", str(out), "--quiet"]) == 0
+    got = HFCheckpoint(out)
+    assert all(np.array_equal(got.get(n), to_bf16(a)) for n, a in models[3].items())
+    assert main(["export", "--checkpoint", str(root), "--out", str(tmp_path / "x"),
+                 "--quiet"]) == 1
+    assert "stores no model config" in capsys.readouterr().err

@@ -1,4 +1,4 @@
-"""Read the parameters out of a trainer training checkpoint (``trainer_jax.checkpoint``).
+"""Read the parameters out of a trainer training checkpoint (``trainer_jax.checkpoint``) as HF tensors.
 
 A training checkpoint directory is an orbax ``CheckpointManager`` root: ``<root>/<step>/state``
 holds ``{"params": nnx.State of the model's Params, "optimizer": ...}`` and ``<root>/<step>/meta``
@@ -6,6 +6,12 @@ the loop's JSON. It does not store the model config, so the caller supplies it (
 config). Only ``params`` is restored (never the optimizer state), into an abstractly built
 model, and ``trainer_jax.models.hf_params.iter_hf_tensors`` maps it to HF names, the one place
 that mapping lives.
+
+This lives on the trainer side because it needs the trainer's model; ``convert`` (below both the
+trainer and the samplers) reaches it through the ``mixrl.convert`` entry point ``register``, so
+``mixrl-convert export/quantize/publish --in <training checkpoint>`` work. jax, flax and orbax
+are imported only when reading: detecting a checkpoint runs for every path ``mixrl-convert``
+sees and must stay cheap.
 """
 
 from __future__ import annotations
@@ -18,7 +24,8 @@ import numpy as np
 
 from convert.qwen3_config import Qwen3Config
 
-STATE_ITEM = "state"
+STATE_ITEM = "state"  # the item name trainer_jax.checkpoint.Checkpointer saves params under
+REQUIRES = ("jax", "flax", "orbax.checkpoint")  # what reading imports; checked before it starts
 
 
 class TrainerCheckpointError(ValueError):
@@ -26,6 +33,7 @@ class TrainerCheckpointError(ValueError):
 
 
 def checkpoint_steps(path: str | os.PathLike) -> list[int]:
+    """The steps with a ``<step>/state`` directory under ``path``, ascending."""
     p = Path(path)
     if not p.is_dir():
         return []
@@ -34,6 +42,7 @@ def checkpoint_steps(path: str | os.PathLike) -> list[int]:
 
 
 def is_trainer_checkpoint(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a training checkpoint root (holds at least one complete step)."""
     return bool(checkpoint_steps(path))
 
 
@@ -110,3 +119,12 @@ def _strip_value(tree):
             return tree["value"]
         return {k: _strip_value(v) for k, v in tree.items()}
     return tree
+
+
+def register() -> None:
+    """Entry point (group ``mixrl.convert``): make ``convert.sources`` read training checkpoints."""
+    from convert.plugins import register_source_reader
+
+    register_source_reader("trainer_checkpoint", is_trainer_checkpoint,
+                           trainer_checkpoint_tensors, description="a training checkpoint",
+                           requires=REQUIRES)
