@@ -267,6 +267,13 @@ def test_report_names_a_collapse_of_uncorrected_top_p(tmp_path):
     assert "large by construction" not in plain_text
 
 
+def test_report_without_drift_does_not_load_jax():
+    # Only the drift analysis needs JAX; writing a report with_drift=False must not pay its import.
+    code = "import sys, trainer_jax.report; assert 'jax' not in sys.modules, 'jax imported'"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
 # ------------------------------------------------------------------ the real quick grid
 
 
