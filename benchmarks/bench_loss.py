@@ -45,13 +45,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from trainer_jax.kernels.linear_logsumexp import IMPL_NAMES
+from trainer_jax.kernels.linear_logsumexp.pallas_gpu import DEFAULT_BLOCKS as GPU_BLOCKS
 from trainer_jax.objective import ObjectiveConfig, TokenBatch, policy_loss
 
 SIZES: dict[str, dict[str, int]] = {
     "quick": dict(n=2048, d=256, v=32_003, k=20, s=32),
     "large": dict(n=8192, d=1024, v=151_936, k=20, s=32),
 }
-IMPLS = ("reference", "xla", "pallas")
+IMPLS = IMPL_NAMES
 # Only run an executable whose estimated peak is below this share of MemAvailable.
 FIT_FRACTION = 0.6
 # Pallas runs interpreted on CPU: time it only up to this many N*D*V multiply-adds.
@@ -107,13 +109,7 @@ def make_inputs(n: int, d: int, v: int, k: int, s: int, seed: int = 0):
 
 def device_tiles() -> tuple[tuple[str, int], ...]:
     """The Pallas kernel's own default tiles for GPU ("loop" layout), not the interpreter's."""
-    try:
-        from trainer_jax.kernels.linear_logsumexp.pallas import _DEFAULT_BLOCKS
-
-        bn, bv = _DEFAULT_BLOCKS["loop"]
-    except (ImportError, AttributeError, KeyError):
-        bn, bv = 32, 64
-    return (("block_n", int(bn)), ("block_v", int(bv)))
+    return GPU_BLOCKS.as_options()
 
 
 def objective_step(impl: str, options: tuple[tuple[str, Any], ...] = ()):

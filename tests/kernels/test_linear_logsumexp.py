@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from trainer_jax.kernels import linear_logsumexp
-from trainer_jax.kernels.linear_logsumexp import IMPLS
-from trainer_jax.kernels.linear_logsumexp.pallas import linear_logsumexp_pallas
+from trainer_jax.kernels.linear_logsumexp import IMPL_NAMES, IMPLS, BlockSizes
+from trainer_jax.kernels.linear_logsumexp.pallas import LAYOUTS, default_blocks, linear_logsumexp_pallas
 
 # (impl, options). Small tiles so that a few-hundred vocabulary has several tiles plus a ragged
 # one; the pallas grid layout needs vocab tiles that are multiples of 128 and token blocks of 8.
@@ -215,7 +215,8 @@ def test_pallas_lowers_for_accelerators(platform, layout, dtype):
 
 
 def test_dispatcher_defaults_and_registry():
-    assert set(IMPLS) == {"reference", "xla", "pallas"}
+    assert tuple(IMPLS) == IMPL_NAMES
+    assert "reference" in IMPL_NAMES
     h, w, _ = _inputs(4, 8, 50, 1.0)
     lse, ent = jax.jit(linear_logsumexp)(h, w)  # impl="xla", temperature=1.0
     want_lse, want_ent = IMPLS["reference"](h, w, jnp.float32(1.0))
@@ -242,6 +243,9 @@ def test_dispatcher_defaults_and_registry():
         (dict(h=np.ones((40, 8), np.float32), impl="pallas", layout="grid", block_n=12),
          "multiple of 8"),
         (dict(impl="xla", block_v=0), "block_v must be a positive"),
+        (dict(impl="pallas", block_n=0), "block sizes must be positive"),
+        (dict(impl="pallas", block_v=1.5), "block_v must be a positive int"),
+        (dict(impl="pallas", blocks=(16, 128)), "blocks must be a BlockSizes"),
     ],
 )
 def test_invalid_inputs_raise_value_error(kwargs, match):
@@ -250,6 +254,62 @@ def test_invalid_inputs_raise_value_error(kwargs, match):
     h, w = args.pop("h"), args.pop("w")
     with pytest.raises(ValueError, match=match):
         linear_logsumexp(h, w, **args)
+
+
+def test_objective_config_uses_the_kernel_names():
+    """The objective's config takes exactly the kernel's implementation names (one definition)."""
+    import pydantic
+
+    from trainer_jax.objective import KERNEL_IMPLS, ObjectiveConfig
+
+    assert KERNEL_IMPLS == IMPL_NAMES
+    for name in IMPL_NAMES:
+        assert ObjectiveConfig(impl=name).impl == name
+    with pytest.raises(pydantic.ValidationError, match="impl"):
+        ObjectiveConfig(impl="cuda")
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(block_n=0, block_v=64), "block sizes must be positive"),
+        (dict(block_n=16, block_v=-1), "block sizes must be positive"),
+        (dict(block_n=16.0, block_v=64), "block_n must be a positive int"),
+        (dict(block_n=True, block_v=64), "block_n must be a positive int"),
+        (dict(block_n=16, block_v="64"), "block_v must be a positive int"),
+    ],
+)
+def test_block_sizes_validation(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        BlockSizes(**kwargs)
+
+
+def test_block_sizes_value_semantics():
+    blocks = BlockSizes(block_n=np.int64(16), block_v=128)
+    assert type(blocks.block_n) is int and blocks == BlockSizes(16, 128)
+    assert hash(blocks) == hash(BlockSizes(16, 128))  # a static jit argument: same cache entry
+    assert blocks.replace(block_v=256) == BlockSizes(16, 256)
+    assert blocks.replace() == blocks
+    assert blocks.as_options() == (("block_n", 16), ("block_v", 128))
+    for layout in LAYOUTS:
+        for interpret in (False, True):
+            assert isinstance(default_blocks(layout, interpret), BlockSizes)
+
+
+def test_pallas_blocks_option_matches_scalar_options():
+    """``blocks=BlockSizes(...)``, the scalar ``block_n``/``block_v`` a config passes, and a
+    scalar overriding one size of ``blocks`` all run the same tiles (bit-identical results)."""
+    h, w, g = _inputs(13, 32, 1000, 1.0, seed=6)
+    scalar = _lse_ent_grads("pallas", {"layout": "loop", "block_n": 16, "block_v": 128},
+                            h, w, g, 0.7)
+    typed = _lse_ent_grads("pallas", {"layout": "loop", "blocks": BlockSizes(16, 128)},
+                           h, w, g, 0.7)
+    override = _lse_ent_grads(
+        "pallas", {"layout": "loop", "blocks": BlockSizes(16, 512), "block_v": 128}, h, w, g, 0.7
+    )
+    for a, b, c in zip(scalar, typed, override, strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(c))
 
 
 @pytest.mark.gpu

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import math
-from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from trainer_jax.kernels.linear_logsumexp.names import IMPL_NAMES, ImplName
 from trainer_jax.objective.aggregation import AGGREGATIONS
 from trainer_jax.objective.weights import IMPORTANCE_WEIGHTS, SCORE_CENTERING
 
-KERNEL_IMPLS = ("reference", "xla", "pallas")
+# Defined once, in the kernel package; re-exported under the objective's established name.
+KERNEL_IMPLS = IMPL_NAMES
 
 
 class ObjectiveConfig(BaseModel):
@@ -21,7 +22,7 @@ class ObjectiveConfig(BaseModel):
     top_p_replay: on tokens sampled with truncation, use p-hat = p / sum_S p on the kept set S.
     c_min, c_max: the MIS range / TIS cap on r = p / b.
     aggregation: a name in ``AGGREGATIONS``; ``constant_normalizer`` is used by "constant".
-    impl: linear-log-sum-exp kernel implementation (reference | xla | pallas).
+    impl: linear-log-sum-exp kernel implementation, a name in ``KERNEL_IMPLS``.
     kernel_options: (name, value) pairs passed to the kernel, e.g. (("block_v", 2048),); the
         kernel rejects options its ``impl`` does not take.
     num_groups: sampler groups for per-group metrics (group ids outside [0, num_groups) are
@@ -40,7 +41,7 @@ class ObjectiveConfig(BaseModel):
     c_max: float = Field(default=5.0, gt=0.0)
     aggregation: str = "token_mean"
     constant_normalizer: float = Field(default=1.0, gt=0.0)
-    impl: Literal["reference", "xla", "pallas"] = "xla"
+    impl: ImplName = "xla"
     kernel_options: tuple[tuple[str, int | float | bool | str], ...] = ()
     num_groups: int = Field(default=1, ge=1)
     min_tail_mass: float = Field(default=1e-4, gt=0.0, lt=1.0)

@@ -5,9 +5,9 @@
     lse[n]     = logsumexp_v z[n, v]                     (differentiable in h and w)
     entropy[n] = lse[n] - sum_v softmax(z[n])_v z[n, v]  (diagnostic, stop-gradient)
 
-both float32 whatever the input dtype. ``IMPLS`` maps implementation names to functions
-``fn(h, w, temperature, **options) -> (lse, entropy)``; every entry is tested against
-``reference``.
+both float32 whatever the input dtype. ``IMPLS`` maps the implementation names (defined once,
+in ``names``) to functions ``fn(h, w, temperature, **options) -> (lse, entropy)``; every entry
+is tested against ``reference``.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from trainer_jax.kernels.linear_logsumexp.names import IMPL_NAMES, ImplName
 from trainer_jax.kernels.linear_logsumexp.pallas import linear_logsumexp_pallas
 from trainer_jax.kernels.linear_logsumexp.reference import linear_logsumexp_reference
 from trainer_jax.kernels.linear_logsumexp.xla import linear_logsumexp_xla
@@ -27,11 +28,15 @@ from trainer_jax.kernels.linear_logsumexp.xla import linear_logsumexp_xla
 Array = jax.Array
 ImplFn = Callable[..., tuple[Array, Array]]
 
-IMPLS: dict[str, ImplFn] = {
+IMPLS: dict[ImplName, ImplFn] = {
     "reference": linear_logsumexp_reference,
     "xla": linear_logsumexp_xla,
     "pallas": linear_logsumexp_pallas,
 }
+# A name in ``ImplName`` without a function here (or the reverse) would pass config validation
+# and fail only at the first call: fail at import instead.
+if tuple(IMPLS) != IMPL_NAMES:
+    raise RuntimeError(f"IMPLS {tuple(IMPLS)} does not match names.ImplName {IMPL_NAMES}")
 
 _FLOAT_DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
 
@@ -93,8 +98,8 @@ def linear_logsumexp(
       temperature: Python float or traced scalar; never differentiated.
       impl: a key of ``IMPLS``: ``"reference"`` (full logits), ``"xla"`` (streaming, the CPU
         default) or ``"pallas"`` (Pallas kernels; interpreted on CPU).
-      **options: implementation options, e.g. ``block_v`` for ``xla``; ``block_n``,
-        ``block_v``, ``block_d``, ``layout``, ``interpret`` for ``pallas``.
+      **options: implementation options, e.g. ``block_v`` for ``xla``; ``blocks`` (a
+        ``BlockSizes``), ``block_n``, ``block_v``, ``layout``, ``interpret`` for ``pallas``.
 
     Returns:
       (lse, entropy). Gradients reach ``h`` and ``w`` through ``lse``; ``entropy`` is
