@@ -1,6 +1,6 @@
 """Trajectory transport: the rollout service vs the same bytes over a raw loopback socket, same run.
 
-8 client processes submit trajectories of 4,096 policy tokens with a K=20 head (the DESIGN.md
+8 client processes submit trajectories of 4,096 policy tokens with a K=20 head (the docs/design.md
 section 3 record: token ids, loss mask, logprob, logprob_full, version, head ids + logprobs) to a
 real ``mixrl-train serve`` process over gRPC on 127.0.0.1, which validates every one, groups and
 drops them. Each client leases its tasks, encodes each trajectory from numpy arrays straight to

@@ -16,7 +16,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)
 # Digits, letters, whitespace and the punctuation the synthetic tasks and tool calls need.
-# Control tokens of the tool environment's turn format (sampler_torch.envs.tool).
+# Control tokens of the tool environment's turn format (envs.tool).
 TOOL_TAGS = ("<tool>", "</tool>", "<out>", "</out>", "<submit>", "</submit>")
 DEFAULT_ALPHABET = string.digits + string.ascii_letters + " \n" + "+-*/=()<>[]{}.,:;!?'\"_#$%&|@^~`\\"
 

@@ -3,7 +3,7 @@
 Three threads share one ``RolloutClient``:
 
 - the main loop leases up to ``capacity`` samples, runs them as one batch through the engine
-  (environments registered in ``sampler_torch.envs`` run their episodes, turn by turn; other
+  (environments registered in ``envs`` run their episodes, turn by turn; other
   tasks are a single generation from the prompt), and submits the trajectories on one stream;
 - a heartbeat keeps the session alive and reports the weights version in use;
 - a watcher follows the trainer's published versions, obtains each in this sampler's weight
@@ -29,8 +29,12 @@ from typing import Any
 
 import grpc
 
+from envs import ENVIRONMENTS, make_env
+from envs import Task as EnvTask
+from envs.rollout import run_episodes
 from mixrl_wire import pb
 from mixrl_wire.encoder import encode_trajectory
+from mixrl_wire.sampling import SamplingParams
 from sampler_torch.client import RolloutClient, RolloutError
 
 log = logging.getLogger("mixrl.sampler")
@@ -168,7 +172,6 @@ class SamplerLoop:
             env = None
             if self.cfg.use_envs:
                 try:
-                    from sampler_torch.envs import ENVIRONMENTS, make_env
                     if name in ENVIRONMENTS:
                         env = make_env(name, self._get_tokenizer())
                 except Exception as e:  # noqa: BLE001 - no environment: plain generation
@@ -200,8 +203,6 @@ class SamplerLoop:
             for k, c in zip(plain, self.engine.generate(prompts, params), strict=True):
                 out[k] = _from_completion(c, items[k][0].sampling)
         for group in episodic.values():
-            from sampler_torch.rollout import run_episodes
-
             task0 = items[group[0][0]][0]
             budget = len(task0.prompt_ids) + (self.cfg.episode_tokens or task0.sampling.max_new_tokens)
             seeds = [items[k][0].sampling.seed + items[k][1] for k, _ in group]
@@ -217,8 +218,6 @@ class SamplerLoop:
         return out  # type: ignore[return-value]
 
     def _episode(self, env, task: pb.Task):
-        from sampler_torch.envs import Task as EnvTask
-
         try:
             payload = json.loads(task.payload or b"{}")
             episode = env.start(EnvTask(str(task.task_id), task.env, payload))
@@ -239,12 +238,8 @@ def _params_key(s: pb.SamplingParams) -> tuple:
     return (s.temperature, s.top_p, s.top_k, s.head_k, s.max_new_tokens, tuple(s.stop_token_ids))
 
 
-def _engine_params(s: pb.SamplingParams, seed: int):
-    from sampler_torch.engine import SamplingParams
-
-    return SamplingParams(temperature=s.temperature, top_p=s.top_p or 1.0, top_k=s.top_k, head_k=s.head_k,
-                          max_new_tokens=s.max_new_tokens, stop_token_ids=tuple(s.stop_token_ids),
-                          seed=seed % 2**63)
+def _engine_params(s: pb.SamplingParams, seed: int) -> SamplingParams:
+    return SamplingParams.from_pb(s, seed=seed)
 
 
 def _from_completion(c, sampling: pb.SamplingParams) -> dict:

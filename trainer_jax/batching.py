@@ -19,7 +19,7 @@ from trainer_jax.objective import TokenBatch
 
 @dataclasses.dataclass
 class Sample:
-    """One trajectory with its per-token behaviour record (DESIGN.md section 3).
+    """One trajectory with its per-token behaviour record (docs/design.md section 3).
 
     ``token_ids``/``loss_mask`` cover the whole sequence (prompt, policy and environment tokens);
     the per-policy-token arrays have one row per ``loss_mask == 1`` position, in order. The
@@ -40,6 +40,23 @@ class Sample:
     group: int = 0
     task_id: int = 0
     sample_index: int = 0
+
+    @classmethod
+    def from_record(cls, record, prompt_ids, group_index: int) -> Sample:
+        """A validated wire trajectory (``TrajectoryRecord``: tokens after the prompt) as a
+        ``Sample`` of the whole sequence, prompt first."""
+        p = len(record.logprobs)
+        prompt = np.asarray(prompt_ids, np.int32)
+        empty = record.support_indptr is None
+        return cls(
+            token_ids=np.concatenate([prompt, record.token_ids]),
+            loss_mask=np.concatenate([np.zeros(len(prompt), record.loss_mask.dtype), record.loss_mask]),
+            logprobs=record.logprobs, head_ids=record.head_ids, head_logprobs=record.head_logprobs,
+            support_indptr=np.zeros(p + 1, np.int32) if empty else record.support_indptr,
+            support_ids=np.zeros(0, np.int32) if empty else record.support_ids,
+            support_logprobs=np.zeros(0, np.float32) if empty else record.support_logprobs,
+            versions=record.versions, reward=float(record.reward or 0.0), group=group_index,
+            task_id=record.task_id, sample_index=record.sample_index)
 
     def __post_init__(self):
         p = int(np.sum(self.loss_mask))

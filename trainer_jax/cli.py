@@ -79,7 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     console.print(table)
     for err in summary["publish_errors"]:
         console.print(f"[red]publish failed[/red] {err}")
-    console.print(f"run dir: {summary['run_dir']} (metrics.jsonl, tensorboard/, plots/, checkpoints/)")
+    console.print(f"run dir: {summary['run_dir']} (summary.json, metrics.jsonl, tensorboard/, plots/, "
+                  "checkpoints/, weights/, logs/)")
     return 0
 
 
@@ -113,20 +114,17 @@ def sft_main(argv: list[str]) -> int:
     except ConfigError as e:
         print(f"mixrl-train sft: {e}", file=sys.stderr)
         return 2
-    if not cfg.tasks.mix:
-        print("mixrl-train sft: the config has no tasks.mix to draw demonstrations from", file=sys.stderr)
-        return 2
     import numpy as np
 
     from convert.tokenizer import char_tokenizer, load_tokenizer, special_token_ids
-    from trainer_jax.env_tasks import EnvTaskSource, mix_specs
     from trainer_jax.models import save_hf
+    from trainer_jax.service.tasks import build_task_source
     from trainer_jax.sft import warm_start
     from trainer_jax.train import build_policy
 
     tokenizer = load_tokenizer(cfg.model.hf_dir) if cfg.model.hf_dir else char_tokenizer()
     model, qcfg = build_policy(cfg, tokenizer.get_vocab_size(), special_token_ids(tokenizer))
-    envs = EnvTaskSource(mix_specs(cfg.tasks), tokenizer=tokenizer).envs
+    envs = build_task_source(cfg.tasks, tokenizer=tokenizer).envs
     losses = warm_start(model, envs, cfg.sft, np.random.default_rng(cfg.run.seed))
     import tempfile
 

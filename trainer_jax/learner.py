@@ -12,26 +12,11 @@ import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx
-from pydantic import BaseModel, ConfigDict, Field
 
 from trainer_jax.batching import PackedInputs
+from trainer_jax.config import OptimizerConfig
 from trainer_jax.models import Qwen3
 from trainer_jax.objective import Metrics, ObjectiveConfig, TokenBatch, policy_loss
-
-
-class OptimizerConfig(BaseModel):
-    """AdamW with global-norm clipping and linear warmup into a constant or cosine schedule."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    learning_rate: float = Field(1e-4, gt=0)
-    warmup_steps: int = Field(0, ge=0)
-    schedule: str = Field("constant", pattern="^(constant|cosine)$")
-    decay_steps: int = Field(1000, gt=0)
-    weight_decay: float = Field(0.0, ge=0)
-    b1: float = Field(0.9, ge=0, lt=1)
-    b2: float = Field(0.99, ge=0, lt=1)
-    clip_norm: float = Field(1.0, gt=0)
 
 
 def make_optimizer(cfg: OptimizerConfig) -> optax.GradientTransformation:

@@ -13,23 +13,11 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import optax
 from flax import nnx
-from pydantic import BaseModel, ConfigDict, Field
 
 from trainer_jax.batching import pack_sequences
+from trainer_jax.config import SFTConfig
 from trainer_jax.learner import sft_loss
 from trainer_jax.models import Qwen3
-
-
-class SFTConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    steps: int = Field(300, ge=0)
-    sequences_per_step: int = Field(32, gt=0)
-    learning_rate: float = Field(3e-3, gt=0)
-    warmup_steps: int = Field(20, ge=0)
-    rows: int = Field(8, gt=0)
-    row_len: int = Field(256, gt=0)
-    max_tokens: int = Field(1024, gt=0)
 
 
 @nnx.jit

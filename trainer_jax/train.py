@@ -1,24 +1,22 @@
 """`mixrl-train`: the fully asynchronous loop.
 
 The trainer process runs the rollout service (gRPC, in threads) and the learner (main thread);
-local sampler groups run as ``mixrl-sample`` subprocesses, each with its own precision recipe.
-Each step takes the first P complete prompt groups from the buffer, whichever sampler produced
-them and whatever weights version they were generated with (no staleness cap unless
-``train.max_staleness``), computes group-relative advantages and the corrected objective, and
-takes an optax step. Every ``publish_every`` steps the new weights are exported in every format a
-group loads by a background publisher, so the next step never waits for a publish; samplers
-reload in flight. Checkpoints (orbax) hold the learner and the loop state; ``--resume``
-continues from the last one with fresh tasks (the task cursor is part of the checkpoint).
+local sampler groups run as ``mixrl-sample`` subprocesses (``trainer_jax.samplers``), each with its
+own precision recipe. Each step takes the first P complete prompt groups from the buffer,
+whichever sampler produced them and whatever weights version they were generated with (no
+staleness cap unless ``train.max_staleness``), computes group-relative advantages and the
+corrected objective, and takes an optax step. Every ``publish_every`` steps the new weights are
+exported in every format a group loads by a background publisher (``trainer_jax.publisher``), so
+the next step never waits for a publish; samplers reload in flight. Evaluation runs through the
+fleet (``trainer_jax.evaluation``). Checkpoints (orbax) hold the learner and the loop state;
+``--resume`` continues from the last one with fresh tasks (the task cursor is part of the
+checkpoint). This process imports neither torch nor the sampler package.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
-import sys
-import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -27,17 +25,19 @@ import jax.numpy as jnp
 import numpy as np
 from rich.console import Console
 
-from convert.publish import publish
 from convert.qwen3_config import Qwen3Config
 from convert.tokenizer import char_tokenizer, load_tokenizer, special_token_ids
-from trainer_jax import env_tasks
 from trainer_jax.batching import Sample, pack
 from trainer_jax.checkpoint import Checkpointer
 from trainer_jax.config import RunConfig
 from trainer_jax.diagnostics import CollapseAlarms, MetricsSink, alarm_settle_steps, plot_run
+from trainer_jax.evaluation import FleetEvaluator
 from trainer_jax.learner import Learner
-from trainer_jax.models import Qwen3, init_model, iter_hf_tensors, load_hf
+from trainer_jax.models import Qwen3, init_model, load_hf
 from trainer_jax.objective import compute_advantages, reduce_metrics
+from trainer_jax.progress import StepProgress
+from trainer_jax.publisher import Publisher, snapshot
+from trainer_jax.samplers import LocalSamplers
 from trainer_jax.service.auth import generate_token
 from trainer_jax.service.server import RolloutService
 from trainer_jax.service.tasks import build_task_source
@@ -65,89 +65,6 @@ def build_policy(cfg: RunConfig, vocab_size: int,
         num_experts_per_tok=m.num_experts_per_tok, moe_intermediate_size=m.moe_intermediate_size,
         extra={f"{k}_token_id": v for k, v in (special_ids or {}).items()})
     return init_model(qcfg, dtype=dtype, param_dtype=jnp.float32, seed=m.seed), qcfg
-
-
-def group_formats(cfg: RunConfig) -> list[str]:
-    """Weight formats to publish: bf16 (evaluation, and the lingua franca) plus each group's."""
-    from sampler_torch.recipes import get_recipe
-
-    formats = ["bf16"] + [get_recipe(g.recipe).weight_format for g in cfg.groups]
-    return list(dict.fromkeys(formats))
-
-
-def to_sample(record, prompt_ids, group_index: int) -> Sample:
-    """A validated wire trajectory (tokens after the prompt) as a learner ``Sample`` (whole sequence)."""
-    p = len(record.logprobs)
-    prompt = np.asarray(prompt_ids, np.int32)
-    indptr = record.support_indptr if record.support_indptr is not None else np.zeros(p + 1, np.int32)
-    return Sample(
-        token_ids=np.concatenate([prompt, record.token_ids]),
-        loss_mask=np.concatenate([np.zeros(len(prompt), record.loss_mask.dtype), record.loss_mask]),
-        logprobs=record.logprobs,
-        head_ids=record.head_ids, head_logprobs=record.head_logprobs, support_indptr=indptr,
-        support_ids=record.support_ids if record.support_ids is not None else np.zeros(0, np.int32),
-        support_logprobs=(record.support_logprobs if record.support_logprobs is not None
-                          else np.zeros(0, np.float32)),
-        versions=record.versions, reward=float(record.reward or 0.0), group=group_index,
-        task_id=record.task_id, sample_index=record.sample_index)
-
-
-class Publisher:
-    """Exports weight versions off the training thread; the newest request wins.
-
-    The training thread hands over a host snapshot of the parameters (the only work it does);
-    if a publish is still running when the next one is requested, the older pending request is
-    dropped, so a slow disk delays samplers' weights, never the learner.
-    """
-
-    def __init__(self, out_root: Path, config: dict, formats: list[str], tokenizer_dir: Path,
-                 keep_last: int, on_published):
-        self.out_root, self.config, self.formats = out_root, config, formats
-        self.tokenizer_dir, self.keep_last, self.on_published = tokenizer_dir, keep_last, on_published
-        self._pending: tuple[int, dict] | None = None
-        self._cond = threading.Condition()
-        self._stop = False
-        self.errors: list[str] = []
-        self.published: list[int] = []
-        self._thread = threading.Thread(target=self._run, name="mixrl-publisher", daemon=True)
-        self._thread.start()
-
-    def publish_now(self, version: int, tensors: dict) -> dict[str, Path]:
-        paths = publish(tensors, self.config, self.out_root, version, self.formats,
-                        keep_last=self.keep_last, tokenizer_dir=self.tokenizer_dir)
-        self.published.append(version)
-        self.on_published(version, paths)
-        return paths
-
-    def request(self, version: int, tensors: dict) -> None:
-        with self._cond:
-            self._pending = (version, tensors)
-            self._cond.notify()
-
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                while self._pending is None and not self._stop:
-                    self._cond.wait()
-                if self._pending is None:  # stopping, nothing left to publish
-                    return
-                version, tensors = self._pending
-                self._pending = None
-            try:
-                self.publish_now(version, tensors)
-            except Exception as e:  # keep training; samplers keep the previous version
-                self.errors.append(f"v{version}: {type(e).__name__}: {e}")
-
-    def close(self) -> None:
-        """Finish the pending publish, if any, and stop (idempotent)."""
-        with self._cond:
-            self._stop = True
-            self._cond.notify()
-        self._thread.join()
-
-
-def snapshot(model: Qwen3) -> dict[str, np.ndarray]:
-    return dict(iter_hf_tensors(model))
 
 
 # What a run leaves in its directory; a fresh run finding any of them sets the old run aside.
@@ -184,7 +101,7 @@ class Trainer:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.resume = resume
         self.group_names = [g.name for g in cfg.groups]
-        self.processes: list[subprocess.Popen] = []
+        self.samplers = LocalSamplers(cfg, self.run_dir)
         self.carry: list[tuple[Sample, float]] = []
         self.carry_dropped = 0
         self.too_long = 0
@@ -208,16 +125,14 @@ class Trainer:
             self.console.print(f"resumed from step {self.meta['step']} (weights v{self.meta['version']})")
         self.sink = MetricsSink(run)
         self.alarms = CollapseAlarms(settle_steps=alarm_settle_steps(cfg.optimizer.warmup_steps))
-        self.source = build_task_source(cfg.tasks)
-        if hasattr(self.source, "cursor"):
-            self.source.cursor = int(self.meta["task_cursor"])
-        self.eval_source = (env_tasks.EnvTaskSource(
-            env_tasks.mix_specs(cfg.tasks), seed=cfg.train.eval_seed, tokenizer=self.tokenizer,
-            prefix="eval") if cfg.tasks.mix else None)
+        self.source = build_task_source(cfg.tasks, tokenizer=self.tokenizer)
+        self.source.cursor = int(self.meta["task_cursor"])
+        self.eval_source = build_task_source(cfg.tasks, tokenizer=self.tokenizer, seed=cfg.train.eval_seed,
+                                             prefix="eval")
 
     def _warm_start(self) -> None:
         cfg = self.cfg
-        if cfg.sft.steps == 0 or self.meta["sft_done"] or self.eval_source is None:
+        if cfg.sft.steps == 0 or self.meta["sft_done"]:
             return
         with self.console.status("[bold]supervised warm start") as status:
             def on_step(step, loss):
@@ -238,96 +153,35 @@ class Trainer:
         with os.fdopen(fd, "w") as f:
             f.write(token)
         self.service = RolloutService.from_config(self.cfg, token=token, source=self.source).start()
+        self.evaluator = FleetEvaluator(self.cfg, self.eval_source, self.service)
         self.console.print(f"rollout service on {self.service.address}")
 
-    def _spawn_samplers(self, paths: dict[str, Path]) -> None:
-        from sampler_torch.recipes import get_recipe
+    def _start_samplers(self, paths: dict[str, Path]) -> None:
+        self.samplers.start(self.service.address, self.token_file, paths)
+        self.console.print(f"started {len(self.samplers.processes)} sampler processes "
+                           f"({self.samplers.describe()})")
+        self.samplers.wait_registered(lambda: len(self.service.status()["samplers"]),
+                                      self.cfg.train.sampler_start_timeout_s)
 
-        logs = self.run_dir / "logs"
-        logs.mkdir(exist_ok=True)
-        for g in self.cfg.groups:
-            if not g.spawn:
-                continue
-            fmt = get_recipe(g.recipe).weight_format
-            for i in range(g.processes):
-                cmd = [sys.executable, "-m", "sampler_torch.cli", "--trainer", self.service.address,
-                       "--group", g.name, "--recipe", g.recipe, "--model-dir", str(paths[fmt]),
-                       "--token-file", str(self.token_file), "--capacity", str(g.capacity),
-                       "--threads", str(g.threads), "--episode-tokens", str(self.cfg.train.episode_tokens),
-                       "--weights-transfer", "shared", "--name", f"{g.name}-{i}",
-                       "--weights-cache", str(self.run_dir / "sampler_cache")]
-                for key in ("attention", "kv_cache_dtype"):
-                    if getattr(g, key) is not None:
-                        cmd += ["--recipe-override", f"{key}={getattr(g, key)}"]
-                log = open(logs / f"{g.name}-{i}.log", "ab")
-                self.processes.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                                       start_new_session=True))
-        self.console.print(f"started {len(self.processes)} sampler processes "
-                           f"({', '.join(f'{g.name}:{g.recipe}' for g in self.cfg.groups if g.spawn)})")
-        self._wait_for_samplers(len(self.processes))
-
-    def _wait_for_samplers(self, expected: int) -> None:
-        """Block until the spawned samplers have registered, so no group starts the race late."""
-        deadline = time.monotonic() + self.cfg.train.sampler_start_timeout_s
-        while True:
-            registered = len(self.service.status()["samplers"])
-            if registered >= expected:
-                return
-            dead = [p for p in self.processes if p.poll() is not None]
-            if dead:
-                raise RuntimeError(f"{len(dead)} sampler process(es) exited during start-up; see "
-                                   f"{self.run_dir / 'logs'}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"only {registered} of {expected} samplers registered within "
-                                   f"train.sampler_start_timeout_s={self.cfg.train.sampler_start_timeout_s}s")
-            time.sleep(0.2)
-
-    def _stop_samplers(self) -> None:
-        for p in self.processes:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 10
-        for p in self.processes:
-            try:
-                p.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
+    def weight_formats(self) -> list[str]:
+        """The config's formats, plus the preferred one of each sampler that loads none of them."""
+        formats = self.cfg.weight_formats()
+        return formats + [f for f in self.service.scheduler.unserved_formats(formats) if f not in formats]
 
     # ------------------------------------------------------------------ evaluation
 
-    def evaluate(self, bf16_dir: Path, label: str) -> dict[str, float]:
-        """pass@1 and pass@k of the bf16 policy on held-out tasks (the engine, bf16 recipe)."""
-        cfg = self.cfg.train
-        if self.eval_source is None or cfg.eval_tasks == 0:
+    def evaluate(self, label: str) -> dict[str, float]:
+        """pass@1 / pass@k of the newest published version, run by the evaluation group."""
+        if not self.evaluator.enabled:
             return {}
-        from sampler_torch.engine import Engine, SamplingParams
-        from sampler_torch.rollout import run_episodes
-
-        engine = Engine(bf16_dir, "bf16", max_batch=32)
-        s = self.cfg.tasks.sampling
-        params = SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, head_k=1,
-                                max_new_tokens=s.max_new_tokens)
-        tasks = [self.eval_source.task(n) for n in range(cfg.eval_tasks)]
-        episodes, owners = [], []
-        for t, (task, env) in enumerate(tasks):
-            for _ in range(cfg.eval_k):
-                episodes.append(env.start(task))
-                owners.append(t)
         try:
-            records = run_episodes(engine.generate, episodes, params, max_total_tokens=cfg.episode_tokens,
-                                   seeds=[cfg.eval_seed + i for i in range(len(episodes))])
-        finally:
-            for ep in episodes:
-                ep.close()
-        wins = np.zeros((cfg.eval_tasks, cfg.eval_k))
-        seen = Counter()
-        for owner, rec in zip(owners, records, strict=True):
-            wins[owner, seen[owner]] = rec.reward > 0
-            seen[owner] += 1
-        result = {"eval/pass@1": float(wins.mean()), f"eval/pass@{cfg.eval_k}": float(wins.max(1).mean())}
+            result = self.evaluator.evaluate(self.publisher.published[-1])
+        except TimeoutError as e:
+            self.console.print(f"[yellow]eval ({label}) skipped[/yellow]: {e}")
+            return {}
+        k = self.cfg.train.eval_k
         self.console.print(f"eval ({label}): pass@1 {result['eval/pass@1']:.3f}, "
-                           f"pass@{cfg.eval_k} {result[f'eval/pass@{cfg.eval_k}']:.3f}")
+                           f"pass@{k} {result[f'eval/pass@{k}']:.3f}")
         return result
 
     # ------------------------------------------------------------------ the loop
@@ -342,7 +196,7 @@ class Trainer:
         index = {name: i for i, name in enumerate(self.group_names)}
         for g, a in zip(groups, adv, strict=True):
             for t, ai in zip(g.trajectories, a, strict=True):
-                sample = to_sample(t, g.task.prompt_ids, index.get(t.group, 0))
+                sample = Sample.from_record(t, g.task.prompt_ids, index.get(t.group, 0))
                 if len(sample.token_ids) > cfg.train.row_len:  # cannot be packed: count, skip
                     self.too_long += 1
                     continue
@@ -403,55 +257,46 @@ class Trainer:
         self._setup()
         self._warm_start()
         self._start_service()
-        formats = group_formats(cfg)
-        self.publisher = Publisher(self.run_dir / "weights", self.qcfg.to_hf_dict(), formats,
+        self.publisher = Publisher(self.run_dir / "weights", self.qcfg.to_hf_dict(), self.weight_formats,
                                    self.tokenizer_dir, cfg.train.keep_versions, self._on_published)
         version = int(self.meta["version"])
         if self.resume and version > 0:
             version += 1  # a fresh directory: the killed run may have half-announced its last one
         self.meta["version"] = version
         paths = self.publisher.publish_now(version, snapshot(self.model))
-        summary = {"run_dir": str(self.run_dir), "formats": formats}
+        summary = {"run_dir": str(self.run_dir), "formats": self.weight_formats()}
+        history = self.meta["history"]
         try:
-            if not self.resume or "eval_start" not in self.meta["history"]:
-                self.meta["history"]["eval_start"] = self.evaluate(paths["bf16"], "start")
-                self.sink.write(self.meta["step"], self.meta["history"]["eval_start"])
-            self._spawn_samplers(paths)
+            self._start_samplers(paths)
+            if not self.resume or "eval_start" not in history:
+                history["eval_start"] = self.evaluate("start")
+                self.sink.write(self.meta["step"], history["eval_start"])
             self._loop()
             self.publisher.close()  # the last requested version is on disk before the final eval
-            self.meta["history"]["eval_end"] = self.evaluate(self._latest_bf16(), "end")
-            self.sink.write(self.meta["step"], self.meta["history"]["eval_end"])
+            history["eval_end"] = self.evaluate("end")
+            self.sink.write(self.meta["step"], history["eval_end"])
         finally:
-            self._stop_samplers()
+            self.samplers.stop()
             self.publisher.close()
             self.service.stop()
             self._save_checkpoint()
             self.sink.close()
             self.checkpointer.close()
         plots = plot_run(self.run_dir)
-        summary.update(steps=self.meta["step"], eval_start=self.meta["history"].get("eval_start", {}),
-                       eval_end=self.meta["history"].get("eval_end", {}),
-                       publish_errors=self.publisher.errors, plots=[str(p) for p in plots])
+        summary.update(steps=self.meta["step"], eval_start=history.get("eval_start", {}),
+                       eval_end=history.get("eval_end", {}), publish_errors=self.publisher.errors,
+                       plots=[str(p) for p in plots])
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         return summary
 
-    def _latest_bf16(self) -> Path:
-        return self.run_dir / "weights" / f"v{self.publisher.published[-1]:08d}" / "bf16"
-
     def _save_checkpoint(self) -> None:
-        self.meta["task_cursor"] = int(getattr(self.source, "cursor", 0))
+        self.meta["task_cursor"] = int(self.source.cursor)
         self.checkpointer.save(self.meta["step"], self.model, self.learner.optimizer, self.meta)
 
     def _loop(self) -> None:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
         cfg = self.cfg
-        total = cfg.run.steps
-        progress = Progress(TextColumn("[bold]step"), MofNCompleteColumn(), BarColumn(), TimeElapsedColumn(),
-                            TextColumn("{task.description}"), console=self.console, transient=False)
-        with progress:
-            bar = progress.add_task("", total=total, completed=self.meta["step"])
-            while self.meta["step"] < total:
+        with StepProgress(self.console, cfg.run.steps, self.meta["step"], cfg.train.log_every) as progress:
+            while self.meta["step"] < cfg.run.steps:
                 t0 = time.perf_counter()
                 groups = self._take(cfg.train.prompts_per_step)
                 t1 = time.perf_counter()
@@ -465,20 +310,20 @@ class Trainer:
                 if step % cfg.train.publish_every == 0:
                     self.meta["version"] += 1
                     self.publisher.request(self.meta["version"], snapshot(self.model))
-                if cfg.train.eval_every and step % cfg.train.eval_every == 0 and step < total:
-                    values.update(self.evaluate(self._latest_bf16(), f"step {step}"))
+                if cfg.train.eval_every and step % cfg.train.eval_every == 0 and step < cfg.run.steps:
+                    values.update(self.evaluate(f"step {step}"))
                 alarms = self.alarms.update(values["reward_mean"], values.get("k3"),
                                             values.get("termination/empty_reply", 0.0))
                 for alarm in self.alarms.transitions(alarms):
-                    progress.console.print(f"[red]alarm[/red] step {step}: {alarm}")
+                    progress.print(f"[red]alarm[/red] step {step}: {alarm}")
                 values["alarms"] = len(alarms)
                 self.sink.write(step, values)
                 if step % cfg.train.checkpoint_every == 0:
                     self._save_checkpoint()
-                progress.update(bar, advance=1, description=(
+                progress.advance(
                     f"reward {values['reward_mean']:.3f} k3 {values.get('k3', float('nan')):.2e} "
                     f"oor {values.get('out_of_range', float('nan')):.3f} |g| {result.grad_norm:.2f} "
-                    f"idle {values['trainer_idle_share']:.0%}"))
+                    f"idle {values['trainer_idle_share']:.0%}")
 
     def _save_trajectories(self, samples: list[Sample], taken) -> None:
         """Opt-in (``MIXRL_SAVE_TRAJECTORIES=N``): keep up to N trained samples of the latest step.
@@ -504,9 +349,8 @@ class Trainer:
         groups = []
         while len(groups) < n:
             groups += self.service.buffer.take_groups(n - len(groups), timeout=1.0)
-            dead = [p for p in self.processes if p.poll() is not None]
-            if self.processes and len(dead) == len(self.processes):
-                raise RuntimeError(f"every sampler process exited; see {self.run_dir / 'logs'}")
+            if self.samplers.all_dead():
+                raise RuntimeError(f"every sampler process exited; see {self.samplers.logs}")
             if time.monotonic() > deadline:
                 raise TimeoutError(f"no {n} complete prompt groups within train.take_timeout_s="
                                    f"{self.cfg.train.take_timeout_s}s (got {len(groups)})")
@@ -517,4 +361,4 @@ def train(cfg: RunConfig, *, resume: bool = False, console: Console | None = Non
     return Trainer(cfg, resume=resume, console=console).run()
 
 
-__all__ = ["Publisher", "Trainer", "build_policy", "train"]
+__all__ = ["Trainer", "build_policy", "set_aside_previous_run", "train"]

@@ -26,7 +26,7 @@ is after temperature and before top-k/top-p: our ``logprob_full``),
 ``meta_info["weight_version"]`` (a string) and, on newer servers,
 ``meta_info["weight_versions"] = [{"version", "start", "end"}, ...]`` over output positions.
 
-Conversion to the behaviour record (``../shared/DESIGN.md`` section 3), per token t with sampled
+Conversion to the behaviour record (``docs/design.md`` section 3), per token t with sampled
 x_t and log q_t from SGLang:
 
 - with the native sampling mask: S_t = ``output_token_sampling_mask[t]`` and

@@ -42,6 +42,7 @@ from sampler_torch.recipes import (
     Recipe,
     WeightLoadError,
     get_recipe,
+    kv_torch_dtype,
     load_model,
     make_kv_cache,
 )
@@ -168,7 +169,7 @@ class Engine:
         out = []
         for seq in sequences:
             ids = torch.tensor([list(seq)], dtype=torch.long, device=self.device)
-            cache = make_kv_cache(self.config, 1, len(seq), self.recipe.kv_torch_dtype,
+            cache = make_kv_cache(self.config, 1, len(seq), kv_torch_dtype(self.recipe),
                                   loaded.k_scales, loaded.v_scales)
             slots = torch.zeros(1, dtype=torch.long, device=self.device)
             out.append(fwd.logits(fwd.hidden(ids, cache=cache, slots=slots))[0].cpu())
@@ -227,7 +228,7 @@ class Engine:
         if self.compile:
             max_len = -(-max_len // 64) * 64  # length buckets: few compiled graphs
         loaded = self._loaded
-        cache = make_kv_cache(cfg, n_slots, max_len, self.recipe.kv_torch_dtype,
+        cache = make_kv_cache(cfg, n_slots, max_len, kv_torch_dtype(self.recipe),
                               loaded.k_scales, loaded.v_scales)
         static = self.compile and self._forward.can_compile(cache)
         # Per-slot sampling state, indexed by slot.

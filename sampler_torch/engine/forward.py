@@ -33,7 +33,7 @@ from torch import nn
 
 from sampler_torch.models import KVCache, Qwen3ForCausalLM
 from sampler_torch.models.qwen3 import MLP, rope_cos_sin
-from sampler_torch.recipes import Recipe
+from sampler_torch.recipes import Recipe, torch_dtype
 from sampler_torch.recipes.kv_cache import ScaledFP8KVCache
 
 
@@ -150,7 +150,7 @@ class EngineForward:
     def __init__(self, model: Qwen3ForCausalLM, recipe: Recipe):
         self.model = model
         cfg = self.config = model.config
-        self.dtype = recipe.torch_dtype
+        self.dtype = torch_dtype(recipe)
         device = model.lm_head.weight.device
         use_sgemm = (self.dtype == torch.bfloat16 and device.type == "cpu"
                      and recipe.kernel in ("auto", "emulate"))

@@ -1,58 +1,16 @@
-"""Request parameters and per-token behaviour records (``../shared/DESIGN.md`` section 3)."""
+"""Per-token behaviour records of a request (``docs/design.md`` section 3).
+
+``SamplingParams`` is defined once, beside the wire message it converts to, in
+``mixrl_wire.sampling``; it is re-exported here because the engine's API takes it.
+"""
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import secrets
 from collections.abc import Sequence
 
-
-@dataclasses.dataclass(frozen=True)
-class SamplingParams:
-    """How to sample one request (or every request of a ``generate`` call).
-
-    - ``temperature``: logits are divided by it; ``0`` means greedy (the argmax of the
-      temperature-1 distribution, recorded as a one-token support with logprob 0).
-    - ``top_p`` in (0, 1]: keep the most probable tokens while the probability mass *before*
-      each one is at most ``top_p`` (SGLang's rule; always at least one token). 1 = off.
-    - ``top_k``: keep the ``top_k`` most probable tokens; ``0`` or ``-1`` = off. With both,
-      the kept set is the intersection (both measured on the full post-temperature distribution).
-    - ``head_k``: how many of the most probable tokens of the full post-temperature distribution
-      each token records (``head_ids`` / ``head_logprobs``); 0 records none.
-    - ``max_new_tokens``: generation stops after this many tokens (finish reason ``length``).
-    - ``stop_token_ids``: generation stops after emitting one of these (kept in the output,
-      finish reason ``stop``).
-    - ``seed``: the request's random stream; ``None`` draws a fresh one. With one
-      ``SamplingParams`` for a whole ``generate`` call, request ``i`` uses ``seed + i``.
-    """
-
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    head_k: int = 20
-    max_new_tokens: int = 128
-    stop_token_ids: tuple[int, ...] = ()
-    seed: int | None = None
-
-    def __post_init__(self):
-        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
-        if not (math.isfinite(self.temperature) and self.temperature >= 0):
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < -1:
-            raise ValueError(f"top_k must be -1 or 0 (off) or a positive count, got {self.top_k}")
-        if self.head_k < 0:
-            raise ValueError(f"head_k must be >= 0, got {self.head_k}")
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if self.seed is not None and not 0 <= self.seed < 2**63:
-            raise ValueError(f"seed must be in [0, 2**63), got {self.seed}")
-
-    def truncates(self, vocab_size: int) -> bool:
-        """Whether sampling keeps only part of the vocabulary (so a support is recorded)."""
-        return self.temperature == 0 or self.top_p < 1 or 0 < self.top_k < vocab_size
+from mixrl_wire.sampling import SamplingParams
 
 
 @dataclasses.dataclass

@@ -10,8 +10,11 @@ from sampler_torch.recipes.registry import (
     Recipe,
     RecipeError,
     get_recipe,
+    kv_torch_dtype,
     register_recipe,
+    torch_dtype,
 )
 
 __all__ = ["RECIPES", "LoadedModel", "Recipe", "RecipeError", "ScaledFP8KVCache", "WeightLoadError",
-           "get_recipe", "load_model", "make_kv_cache", "register_recipe", "verify_export"]
+           "get_recipe", "kv_torch_dtype", "load_model", "make_kv_cache", "register_recipe",
+           "torch_dtype", "verify_export"]

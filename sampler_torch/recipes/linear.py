@@ -40,7 +40,7 @@ from sampler_torch.recipes.numerics import (
     quantize_fp8_groups,
     quantize_int8_tokens,
 )
-from sampler_torch.recipes.registry import Recipe
+from sampler_torch.recipes.registry import Recipe, torch_dtype
 from sampler_torch.tensors import to_torch
 
 FP8_BLOCK = 128
@@ -213,5 +213,5 @@ def make_linear(recipe: Recipe, parts: Mapping[str, np.ndarray]) -> nn.Module:
     if fmt == "w8a8_int8" and act == "int8_token":
         return Int8Linear(parts, native=use_native("int8"))
     if act == "none" and fmt != "bf16":
-        return DequantLinear(_dequantized(fmt, parts), recipe.torch_dtype, fmt)
+        return DequantLinear(_dequantized(fmt, parts), torch_dtype(recipe), fmt)
     raise AssertionError(f"no linear for weights {fmt!r} with activations {act!r}")

@@ -24,7 +24,7 @@ from convert.manifest import check_manifest, read_manifest
 from convert.qwen3_config import Qwen3Config, hf_tensor_shapes
 from sampler_torch.models import Qwen3ForCausalLM
 from sampler_torch.recipes.linear import make_linear
-from sampler_torch.recipes.registry import Recipe, RecipeError
+from sampler_torch.recipes.registry import Recipe, RecipeError, torch_dtype
 from sampler_torch.tensors import to_torch
 
 
@@ -104,7 +104,7 @@ def _load(ckpt: HFCheckpoint, codec: Codec, recipe: Recipe, device) -> tuple[
         raise WeightLoadError(f"{ckpt.path}: unexpected tensor(s) for this config and format, "
                               f"e.g. {unexpected[:3]}")
 
-    dtype = recipe.torch_dtype
+    dtype = torch_dtype(recipe)
     with torch.device("meta"):
         model = Qwen3ForCausalLM(cfg)
     for name in quantized:  # placeholders: the real modules are built from the export below

@@ -1,135 +1,38 @@
-"""Precision recipes: what a sampler group loads, how it quantizes activations, its KV dtype, kernels.
+"""The sampler's view of the precision recipes: the torch dtypes a recipe names.
 
-A recipe is data, not code: the loader (``sampler_torch.recipes.loader``) reads the export a
-recipe names and swaps the model's projections for the matching quantized modules
-(``sampler_torch.recipes.linear``); the engine builds the KV cache the recipe names
-(``sampler_torch.recipes.kv_cache``). Weights always come from the converter's export in the
-recipe's ``weight_format``; nothing is re-quantized at load time.
-
-===============  ============  ======================================================  ========
-name             weight fmt    activations (per matmul)                                KV
-===============  ============  ======================================================  ========
-``bf16``         ``bf16``      compute dtype                                           auto
-``fp8``          ``fp8_block`` e4m3, one scale per token per 128 inputs (dynamic)      auto
-``nvfp4_w4a16``  ``nvfp4``     compute dtype (weights dequantized, Marlin-style)       auto
-``nvfp4_w4a4``   ``nvfp4``     NVFP4: e2m1, e4m3 scale per 16 inputs, global           auto
-                               ``input_scale`` from the export
-``mxfp4_w4a16``  ``mxfp4``     compute dtype (weights dequantized)                     auto
-``int8``         ``w8a8_int8`` int8, one scale per token (dynamic, symmetric)          auto
-===============  ============  ======================================================  ========
-
-Every recipe can be varied with ``get_recipe(name, kv_cache_dtype=..., attention=...,
-compute_dtype=...)``: KV ``auto`` stores keys/values in the compute dtype, ``bf16``,
-``fp8_e4m3`` and ``fp8_e5m2`` store them in that dtype (fp8 with the export's per-layer
-``k_scale``/``v_scale``, else 1.0). ``compute_dtype="float32"`` is the "fp32 mode" used to tie
-the sampler to the fp32 trainer: quantized values stay exactly what the export holds, only the
-arithmetic around them is float32.
+The recipe table itself (names, weight formats, activation schemes, KV dtypes) is torch-free and
+lives in ``mixrl_wire.recipes``, because the trainer validates and publishes by it too.
 """
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 
-WEIGHT_FORMATS = ("bf16", "fp8_block", "nvfp4", "mxfp4", "w8a8_int8")
-ACTIVATIONS = ("none", "fp8_g128", "nvfp4", "int8_token")
-KV_CACHE_DTYPES = ("auto", "bf16", "float32", "fp8_e4m3", "fp8_e5m2")
-ATTENTION_IMPLS = ("sdpa", "eager")
-COMPUTE_DTYPES = ("bfloat16", "float32")
-#: how the quantized matmuls run: the hardware-style kernel where torch has one on this device
-#: (``torch._scaled_mm`` for fp8, ``torch._int_mm`` for int8), or an exact float emulation
-KERNELS = ("auto", "native", "emulate")
-
-# Which activation schemes each weight format can pair with.
-_COMPATIBLE = {
-    "bf16": ("none",),
-    "fp8_block": ("fp8_g128", "none"),
-    "nvfp4": ("none", "nvfp4"),
-    "mxfp4": ("none",),
-    "w8a8_int8": ("int8_token", "none"),
-}
+from mixrl_wire.recipes import (
+    ACTIVATIONS,
+    ATTENTION_IMPLS,
+    COMPUTE_DTYPES,
+    KERNELS,
+    KV_CACHE_DTYPES,
+    RECIPES,
+    WEIGHT_FORMATS,
+    Recipe,
+    RecipeError,
+    get_recipe,
+    register_recipe,
+)
 
 
-class RecipeError(ValueError):
-    """An unknown recipe, an inconsistent one, or an export that does not fit the recipe."""
+def torch_dtype(recipe: Recipe) -> torch.dtype:
+    """The dtype the recipe computes in."""
+    return getattr(torch, recipe.compute_dtype)
 
 
-@dataclasses.dataclass(frozen=True)
-class Recipe:
-    name: str
-    weight_format: str
-    activations: str = "none"
-    kv_cache_dtype: str = "auto"
-    attention: str = "sdpa"
-    compute_dtype: str = "bfloat16"
-    kernel: str = "auto"
-
-    def __post_init__(self):
-        for field, allowed in (("weight_format", WEIGHT_FORMATS), ("activations", ACTIVATIONS),
-                               ("kv_cache_dtype", KV_CACHE_DTYPES),
-                               ("attention", ATTENTION_IMPLS), ("compute_dtype", COMPUTE_DTYPES),
-                               ("kernel", KERNELS)):
-            value = getattr(self, field)
-            if value not in allowed:
-                raise RecipeError(f"recipe {self.name!r}: {field}={value!r}, expected one of "
-                                  f"{', '.join(allowed)}")
-        if self.activations not in _COMPATIBLE[self.weight_format]:
-            raise RecipeError(f"recipe {self.name!r}: activations {self.activations!r} do not go "
-                              f"with {self.weight_format!r} weights")
-
-    @property
-    def torch_dtype(self) -> torch.dtype:
-        return torch.float32 if self.compute_dtype == "float32" else torch.bfloat16
-
-    @property
-    def kv_torch_dtype(self) -> torch.dtype:
-        return {"auto": self.torch_dtype, "bf16": torch.bfloat16, "float32": torch.float32,
-                "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}[self.kv_cache_dtype]
-
-    def describe(self) -> dict[str, str]:
-        """The recipe as the trajectory metadata records it."""
-        return dataclasses.asdict(self) | {"kv_cache_dtype": str(self.kv_torch_dtype)
-                                           .removeprefix("torch.")}
+def kv_torch_dtype(recipe: Recipe) -> torch.dtype:
+    """The dtype the recipe's KV cache stores keys and values in."""
+    return getattr(torch, recipe.kv_dtype_name)
 
 
-RECIPES: dict[str, Recipe] = {}
-
-
-def register_recipe(recipe: Recipe, *, overwrite: bool = False) -> Recipe:
-    if recipe.name in RECIPES and not overwrite:
-        raise RecipeError(f"recipe {recipe.name!r} is already registered")
-    RECIPES[recipe.name] = recipe
-    return recipe
-
-
-for _r in (
-    Recipe("bf16", "bf16"),
-    Recipe("fp8", "fp8_block", "fp8_g128"),
-    Recipe("nvfp4_w4a16", "nvfp4"),
-    Recipe("nvfp4_w4a4", "nvfp4", "nvfp4"),
-    Recipe("mxfp4_w4a16", "mxfp4"),
-    Recipe("int8", "w8a8_int8", "int8_token"),
-):
-    register_recipe(_r)
-
-
-def get_recipe(recipe: str | Recipe, **overrides) -> Recipe:
-    """A registered recipe by name (or a ``Recipe`` as is), with fields overridden.
-
-    ``get_recipe("fp8", kv_cache_dtype="fp8_e4m3", attention="eager")``.
-    """
-    if isinstance(recipe, Recipe):
-        base = recipe
-    else:
-        try:
-            base = RECIPES[recipe]
-        except KeyError:
-            raise RecipeError(f"unknown recipe {recipe!r}; registered: "
-                              f"{', '.join(RECIPES)}") from None
-    if not overrides:
-        return base
-    unknown = set(overrides) - {f.name for f in dataclasses.fields(Recipe)}
-    if unknown:
-        raise RecipeError(f"unknown recipe field(s) {sorted(unknown)}")
-    return dataclasses.replace(base, **overrides)
+__all__ = ["ACTIVATIONS", "ATTENTION_IMPLS", "COMPUTE_DTYPES", "KERNELS", "KV_CACHE_DTYPES", "RECIPES",
+           "WEIGHT_FORMATS", "Recipe", "RecipeError", "get_recipe", "kv_torch_dtype", "register_recipe",
+           "torch_dtype"]

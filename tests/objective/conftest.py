@@ -1,5 +1,5 @@
 """Shared builders for the objective tests: random problems, enumeration over x ~ b, and a dense
-full-logits oracle of DESIGN.md section 4 (independent of the gathered implementation)."""
+full-logits oracle of docs/design.md section 4 (independent of the gathered implementation)."""
 
 from __future__ import annotations
 

@@ -113,8 +113,8 @@ def test_advantages():
 @pytest.mark.parametrize(
     "kw,match",
     [
-        (dict(is_mode="bogus"), "is_mode must be one of"),
-        (dict(aggregation="sum"), "aggregation must be one of"),
+        (dict(is_mode="bogus"), "unknown importance-weight mode .bogus."),
+        (dict(aggregation="sum"), "unknown aggregation .sum."),
         (dict(impl="cuda"), "impl"),
         (dict(c_min=2.0, c_max=1.0), "c_min < c_max"),
         (dict(c_min=-0.1), "c_min"),

@@ -11,15 +11,6 @@ from sampler_torch.engine import Engine, SamplingParams, sample_step, uniforms
 T, TOP_P, TOP_K, HEAD_K = 0.7, 0.8, 12, 5
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # Two shared cores: OpenMP spin-waiting across busy cores makes tiny matmuls 50x slower.
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
-
 @pytest.fixture(scope="module")
 def engine(hf_model_dir):
     path, _ = hf_model_dir("dense_untied_gqa4")

@@ -10,14 +10,6 @@ from sampler_torch.models import KVCache
 from sampler_torch.recipes import get_recipe, load_model
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
-
 def _ids(vocab, shape, seed=0):
     return torch.from_numpy(np.random.default_rng(seed).integers(0, vocab, shape))
 

@@ -17,14 +17,6 @@ from sampler_torch.recipes import RecipeError, WeightLoadError
 NAME = "dense_untied_gqa4"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
-
 def _export(src, out, fmt="bf16"):
     ckpt = HFCheckpoint(src)
     return export_hf(ckpt.tensors(), ckpt.config, out, fmt)

@@ -22,6 +22,7 @@ from sampler_torch.recipes import (
     ScaledFP8KVCache,
     WeightLoadError,
     get_recipe,
+    kv_torch_dtype,
     load_model,
 )
 from sampler_torch.recipes.linear import FP8BlockLinear, Int8Linear, native_kernel_available
@@ -37,14 +38,6 @@ FORMAT_OF = {name: r.weight_format for name, r in RECIPES.items()}
 MEASURE_CONFIG = dict(vocab_size=256, hidden_size=128, intermediate_size=320, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, head_dim=32,
                       tie_word_embeddings=False)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
 
 
 def _export(src, out, fmt, **kwargs):
@@ -80,9 +73,9 @@ def moe_exports(hf_model_dir, tmp_path_factory):
 def test_registry_names_and_overrides():
     assert set(RECIPES) >= {"bf16", "fp8", "nvfp4_w4a16", "nvfp4_w4a4", "mxfp4_w4a16", "int8"}
     r = get_recipe("fp8", kv_cache_dtype="fp8_e4m3", attention="eager")
-    assert (r.weight_format, r.activations, r.kv_torch_dtype, r.attention) == (
+    assert (r.weight_format, r.activations, kv_torch_dtype(r), r.attention) == (
         "fp8_block", "fp8_g128", torch.float8_e4m3fn, "eager")
-    assert get_recipe("bf16", compute_dtype="float32").kv_torch_dtype == torch.float32
+    assert kv_torch_dtype(get_recipe("bf16", compute_dtype="float32")) == torch.float32
     assert get_recipe(r) is r
     with pytest.raises(RecipeError, match="unknown recipe"):
         get_recipe("fp3")

@@ -1,7 +1,7 @@
 """Hand-built, internally consistent trajectory data for wire tests (no model needed).
 
 Each token draws random logits, samples from the (possibly truncated) distribution and records
-exactly what DESIGN.md section 3 asks for, so a valid fake passes validation and any single
+exactly what docs/design.md section 3 asks for, so a valid fake passes validation and any single
 corruption of it must not.
 """
 

@@ -205,3 +205,30 @@ def test_serve_needs_a_token(tmp_path):
     out = subprocess.run([BIN / "mixrl-sample", "--trainer", "127.0.0.1:1", "--group", "g", "--model-dir",
                           str(tmp_path)], capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode == 2 and "MIXRL_TOKEN" in out.stderr
+
+
+def test_serve_serves_the_demo_configs_environment_mix(tmp_path):
+    """`mixrl-train serve --config configs/local_mixed.yaml` (the command docs/wire.md gives) leases
+    the environment mix's tasks."""
+    config = Path(__file__).parents[2] / "configs" / "local_mixed.yaml"
+    log = tmp_path / "serve.log"
+    server = subprocess.Popen(
+        [BIN / "mixrl-train", "serve", "--config", str(config), "--listen", "127.0.0.1:0",
+         "--status-every", "0"],
+        stdout=open(log, "w"), stderr=subprocess.STDOUT, env={**os.environ, "MIXRL_TOKEN": TOKEN})
+    try:
+        deadline = time.monotonic() + 60
+        while "listening on" not in log.read_text():
+            assert server.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
+            time.sleep(0.1)
+        address = log.read_text().split("listening on ")[1].split()[0]
+        client = RolloutClient(address, TOKEN, group="g", capacity=8,
+                               backoff=Backoff(initial_s=0.05, max_s=0.5))
+        client.register()
+        tasks = client.lease(8).tasks
+        assert tasks and {t.env for t in tasks} == {"arithmetic"}
+        assert all(t.group_size == 8 and t.sampling.max_new_tokens == 12 for t in tasks)
+        client.close()
+    finally:
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(timeout=30) == 0

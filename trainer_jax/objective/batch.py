@@ -13,7 +13,7 @@ Array = jax.Array
 
 @struct.dataclass
 class TokenBatch:
-    """Flat batch of N policy tokens (DESIGN.md section 3 behaviour record).
+    """Flat batch of N policy tokens (docs/design.md section 3 behaviour record).
 
     token_ids [N] int: sampled token x_t.
     behavior_logprob [N] f32: log b_t(x_t), after temperature and truncation/renormalisation.

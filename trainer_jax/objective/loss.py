@@ -1,4 +1,4 @@
-"""The corrected policy-gradient objective (DESIGN.md section 4).
+"""The corrected policy-gradient objective (docs/design.md section 4).
 
 Per policy token t, with trainer logits z_t = h_t W / tau and log p_t(x) = z_{t,x} - lse_t:
 

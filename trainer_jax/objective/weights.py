@@ -1,4 +1,4 @@
-"""Token importance weights and the matching score-centering coefficients (DESIGN.md section 4).
+"""Token importance weights and the matching score-centering coefficients (docs/design.md section 4).
 
 Notation per policy token t: p = trainer distribution (or p-hat under top-p replay), b = behaviour
 distribution actually sampled from, r = p/b (always stop-gradient), H = head of b (the kept top-p

@@ -23,7 +23,7 @@ def drift_gradients(run_dir: str | os.PathLike, *, advantage: float = 1.0) -> di
     With a constant advantage GRPO's signal is zero, so whatever gradient remains is drift: for
     x ~ b the uncorrected term -A log p(x) has expectation -A sum_x b(x) grad log p(x), which points
     toward the sampler distribution b; score centering subtracts exactly that expectation over the
-    head (DESIGN.md section 4), leaving zero-mean sampling noise. Reported per batch and per sampler
+    head (docs/design.md section 4), leaving zero-mean sampling noise. Reported per batch and per sampler
     group: ``uncorrected`` (is none, no SC, no replay), ``sc`` (is none + SC), ``sc_mis_replay``, and
     ``drift`` = |g_uncorrected - g_sc| (the analytic expected gradient that SC removes; it is the
     same quantity estimated without sampling noise). Needs ``trajectories.pkl`` (written when the

@@ -162,7 +162,7 @@ def drift_section(drift: dict[str, dict]) -> list[str]:
         "signal is then zero, so the gradient is drift plus sampling noise. `uncorrected`: is none, "
         "no SC, no replay; `SC`: is none + score centering; `SC+MIS+replay`; `drift` = |g_uncorrected − "
         "g_SC|, the expected gradient toward the sampler distribution that SC removes exactly "
-        "(DESIGN.md §4).",
+        "(docs/design.md §4).",
         "",
         "| run | batch / group | samples | tokens | ‖g‖ uncorrected | ‖g‖ SC | ‖g‖ SC+MIS+replay | ‖drift‖ | "
         "drift / uncorrected |",

@@ -8,6 +8,12 @@ queue, so partial groups complete first. A sample is accepted at most once: a su
 come from the session holding a live lease that still lists the sample. A retry of an accepted
 sample on the same lease is acknowledged as a duplicate and not counted again.
 
+Evaluation tasks (``TaskSpec.evaluation``) ride the same leases and submissions: they wait in
+their own queue, are granted first to a session of their ``group`` holding weights
+``min_version`` or newer, do not count against the training buffer or the router's quotas, and
+their complete groups go to ``eval_results`` instead of the buffer, so nothing evaluated is ever
+trained on.
+
 All state sits behind one lock. Content validation (``validation.py``) runs outside it, between
 ``begin_submit`` (snapshot of the lease and task) and ``finish_submit`` (re-checked, committed).
 """
@@ -24,6 +30,7 @@ from collections.abc import Callable
 import grpc
 
 from mixrl_wire import pb
+from mixrl_wire.recipes import WEIGHT_FORMATS
 from trainer_jax.config import ServiceConfig
 from trainer_jax.service.buffer import TrajectoryBuffer, TrajectoryGroup
 from trainer_jax.service.router import Router
@@ -86,6 +93,7 @@ class Lease:
     deadline: float
     deadline_unix: float
     granted: float
+    evaluation: bool = False
 
 
 @dataclasses.dataclass
@@ -109,7 +117,10 @@ class Scheduler:
         self.tasks: dict[int, _TaskState] = {}
         self.pending: collections.deque[tuple[int, tuple[int, ...]]] = collections.deque()
         self.pending_samples = 0
-        self.outstanding = 0
+        self.outstanding = 0  # training samples leased and not yet accepted
+        self.eval_pending: collections.deque[tuple[int, tuple[int, ...]]] = collections.deque()
+        self.eval_results: dict[int, TrajectoryGroup] = {}
+        self._eval_done = threading.Condition(self.lock)
         self.exhausted = False
         self.current_version = 0
         self._next_task_id = 1
@@ -124,6 +135,10 @@ class Scheduler:
             raise Rejected(grpc.StatusCode.INVALID_ARGUMENT, "group", "missing")
         if req.capacity < 1:
             raise Rejected(grpc.StatusCode.INVALID_ARGUMENT, "capacity", "must be >= 1")
+        unknown = [f for f in req.weight_formats if f not in WEIGHT_FORMATS]
+        if unknown:
+            raise Rejected(grpc.StatusCode.INVALID_ARGUMENT, "weight_formats",
+                           f"unknown format(s) {unknown}; known: {', '.join(WEIGHT_FORMATS)}")
         recipe = {f: getattr(req.recipe, f) for f in ("name", "weight_format", "activation_format",
                                                        "kv_dtype", "backend")}
         with self.lock:
@@ -136,6 +151,16 @@ class Scheduler:
             g.capacity += s.capacity
             self.totals["sessions"] += 1
             return s
+
+    def unserved_formats(self, published: list[str]) -> list[str]:
+        """The most preferred weight format of each live session that loads none of ``published``.
+
+        A group that joins asking for a format nobody publishes gets it from the next version on.
+        """
+        with self.lock:
+            wanted = [s.weight_formats[0] for s in self.sessions.values()
+                      if s.weight_formats and not s.revoked and not set(s.weight_formats) & set(published)]
+            return list(dict.fromkeys(wanted))
 
     def max_outstanding(self, s: Session) -> int:
         return min(s.capacity, self.cfg.limits.max_outstanding_per_sampler)
@@ -200,7 +225,8 @@ class Scheduler:
             room = min(max(req.max_samples, 1), session_room, quota - group.outstanding, free)
             self._refill(max(room, 1))
             now, now_unix = self.clock(), time.time()
-            tasks: list[pb.Task] = []
+            tasks = self._lease_evaluations(s, session_room, now, now_unix)
+            room -= sum(len(t.sample_indices) for t in tasks)
             while self.pending:
                 task_id, indices = self.pending[0]
                 size = len(indices)
@@ -223,18 +249,34 @@ class Scheduler:
                    f"group {s.group!r} at its router quota ({quota})")
             return pb.LeaseResponse(retry_after_ms=_RETRY_MS_BUSY, reason=why)
 
+    def _lease_evaluations(self, s: Session, room: int, now: float, now_unix: float) -> list[pb.Task]:
+        """Grant the evaluation items this session may run, whole, within its ``room``."""
+        tasks: list[pb.Task] = []
+        for item in list(self.eval_pending):
+            task_id, indices = item
+            spec = self.tasks[task_id].spec
+            if spec.group not in (None, s.group) or s.weights_version < spec.min_version:
+                continue
+            if len(indices) > room and (tasks or s.outstanding):
+                break
+            self.eval_pending.remove(item)
+            room -= len(indices)
+            tasks.append(self._grant(s, task_id, indices, now, now_unix))
+        return tasks
+
     def _grant(self, s: Session, task_id: int, indices: tuple[int, ...], now: float,
                now_unix: float) -> pb.Task:
         ttl = self.cfg.lease_ttl_s
+        spec = self.tasks[task_id].spec
         lease = Lease(id=secrets.token_hex(12), session_id=s.id, group=s.group, task_id=task_id,
                       indices=indices, remaining=set(indices), deadline=now + ttl,
-                      deadline_unix=now_unix + ttl, granted=now)
+                      deadline_unix=now_unix + ttl, granted=now, evaluation=spec.evaluation)
         self.leases[lease.id] = lease
         s.leases.add(lease.id)
         s.outstanding += len(indices)
-        self.outstanding += len(indices)
-        self.router.group(s.group).outstanding += len(indices)
-        spec = self.tasks[task_id].spec
+        if not lease.evaluation:
+            self.outstanding += len(indices)
+            self.router.group(s.group).outstanding += len(indices)
         return pb.Task(lease_id=lease.id, task_id=task_id, sample_indices=list(indices),
                        group_size=spec.group_size, prompt_ids=list(spec.prompt_ids), env=spec.env,
                        payload=spec.payload, sampling=spec.sampling.to_pb(),
@@ -250,10 +292,15 @@ class Scheduler:
             s.outstanding -= len(left)
             if why:
                 s.expired_unreported.append(lease.id)
-        self.outstanding -= len(left)
-        self.router.group(lease.group).outstanding -= len(left)
         if why:
             self._remember(self._expired, lease.id, why)
+        if lease.evaluation:
+            if left:
+                self.eval_pending.appendleft((lease.task_id, left))
+                self.totals["requeued_eval_samples"] += len(left)
+            return
+        self.outstanding -= len(left)
+        self.router.group(lease.group).outstanding -= len(left)
         if left:
             if self.cfg.router.pin_groups:
                 self.pending.appendleft((lease.task_id, left))
@@ -343,7 +390,7 @@ class Scheduler:
         with self.lock:
             s = self.touch(s.id)
             lease = self._check_lease(s, msg)  # it may have expired, or a racing retry won
-            if not self.buffer.fits(record.nbytes):
+            if not lease.evaluation and not self.buffer.fits(record.nbytes):
                 self.totals["backpressure"] += 1
                 raise Rejected(grpc.StatusCode.RESOURCE_EXHAUSTED, "",
                                "trajectory buffer full (bytes): retry later")
@@ -352,21 +399,71 @@ class Scheduler:
             record.received_unix = time.time()
             lease.remaining.discard(msg.sample_index)
             s.outstanding -= 1
-            self.outstanding -= 1
-            self.router.group(s.group).outstanding -= 1
             s.accepted += 1
-            self.totals["accepted"] += 1
             self.router.record(s.group, record.num_policy_tokens)
             self._remember(self._done, (lease.id, msg.sample_index), s.id)
+            if lease.evaluation:
+                self.totals["accepted_eval"] += 1
+            else:
+                self.outstanding -= 1
+                self.router.group(s.group).outstanding -= 1
+                self.totals["accepted"] += 1
+                self.buffer.add_sample(record.nbytes)
             if not lease.remaining:
                 self._end_lease(lease, "")
-            self.buffer.add_sample(record.nbytes)
             task = self.tasks[lease.task_id]
             task.accepted[msg.sample_index] = record
             if len(task.accepted) == task.spec.group_size:
                 del self.tasks[lease.task_id]
                 trajs = [task.accepted[i] for i in sorted(task.accepted)]
-                self.buffer.push_ready(TrajectoryGroup(lease.task_id, task.spec, trajs, time.time()))
+                group = TrajectoryGroup(lease.task_id, task.spec, trajs, time.time())
+                if lease.evaluation:
+                    self.eval_results[lease.task_id] = group
+                    self._eval_done.notify_all()
+                else:
+                    self.buffer.push_ready(group)
+
+    # ---------------------------------------------------------------- evaluation
+
+    def add_evaluation(self, specs: list[TaskSpec]) -> list[int]:
+        """Queue evaluation tasks (``spec.evaluation`` set); return their task ids."""
+        with self.lock:
+            ids = []
+            for spec in specs:
+                if not spec.evaluation:
+                    raise ValueError("add_evaluation takes evaluation tasks (TaskSpec.evaluation=True)")
+                task_id = self._next_task_id
+                self._next_task_id += 1
+                self.tasks[task_id] = _TaskState(spec)
+                self.eval_pending.append((task_id, tuple(range(spec.group_size))))
+                ids.append(task_id)
+            return ids
+
+    def wait_evaluation(self, task_ids: list[int], timeout: float) -> list[TrajectoryGroup]:
+        """The complete groups of ``task_ids``, in that order, once all are in.
+
+        Raises ``TimeoutError`` (and withdraws the unfinished tasks) after ``timeout`` seconds.
+        """
+        deadline = time.monotonic() + timeout
+        with self.lock:
+            while not all(t in self.eval_results for t in task_ids):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    missing = [t for t in task_ids if t not in self.eval_results]
+                    self._withdraw_evaluation(task_ids)
+                    raise TimeoutError(f"{len(missing)} of {len(task_ids)} evaluation tasks unfinished "
+                                       f"after {timeout:.0f} s")
+                self._eval_done.wait(min(left, 1.0))
+            return [self.eval_results.pop(t) for t in task_ids]
+
+    def _withdraw_evaluation(self, task_ids: list[int]) -> None:
+        ids = set(task_ids)
+        for lease in [le for le in self.leases.values() if le.task_id in ids]:
+            self._end_lease(lease, "evaluation withdrawn")  # a late submission is then refused
+        self.eval_pending = collections.deque(i for i in self.eval_pending if i[0] not in ids)
+        for t in ids:
+            self.tasks.pop(t, None)
+            self.eval_results.pop(t, None)
 
     # ---------------------------------------------------------------- status
 
@@ -389,6 +486,7 @@ class Scheduler:
             } for s in self.sessions.values()]
             return {
                 "current_version": self.current_version, "pending_samples": self.pending_samples,
+                "pending_eval_items": len(self.eval_pending),
                 "outstanding_samples": self.outstanding, "live_leases": len(self.leases),
                 "open_tasks": len(self.tasks), "exhausted": self.exhausted and not self.pending,
                 "totals": dict(self.totals), "groups": self.router.snapshot(), "samplers": samplers,

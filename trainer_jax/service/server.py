@@ -31,10 +31,10 @@ from mixrl_wire import BULK_CHANNEL_OPTIONS, SERVICE_NAME, pb, pb_grpc
 from mixrl_wire.fastpath import WireTrajectory, decode_trajectory
 from trainer_jax.config import RunConfig, ServiceConfig
 from trainer_jax.service.auth import BearerTokenInterceptor, server_credentials
-from trainer_jax.service.buffer import TrajectoryBuffer
+from trainer_jax.service.buffer import TrajectoryBuffer, TrajectoryGroup
 from trainer_jax.service.router import Router
 from trainer_jax.service.scheduler import Duplicate, Rejected, Scheduler
-from trainer_jax.service.tasks import TaskSource, build_task_source
+from trainer_jax.service.tasks import TaskSource, TaskSpec, build_task_source
 from trainer_jax.service.validation import ValidationError, validate_trajectory
 from trainer_jax.service.weights import WeightRegistry
 
@@ -281,6 +281,14 @@ class RolloutService:
         self.scheduler.set_version(version)
         log.info("published weights version %d (%s)", version, ", ".join(paths))
 
+    def evaluate(self, specs: list[TaskSpec], timeout: float) -> list[TrajectoryGroup]:
+        """Run evaluation tasks through the fleet; their complete groups, in order (blocks).
+
+        Raises ``TimeoutError`` if they are not all in within ``timeout`` seconds.
+        """
+        ids = self.scheduler.add_evaluation(specs)
+        return self.scheduler.wait_evaluation(ids, timeout)
+
     def status(self) -> dict:
         """Everything a dashboard or the training loop's metrics want, as plain data."""
         snap = self.scheduler.snapshot()
@@ -361,7 +369,12 @@ class RolloutService:
     def from_config(cls, cfg: RunConfig, *, token: str, listen: str | None = None,
                     source: TaskSource | None = None) -> RolloutService:
         """Build (not start) the service a run config describes: tasks from ``cfg.tasks``."""
-        source = source or build_task_source(cfg.tasks)
+        if source is None:
+            from convert.tokenizer import char_tokenizer, load_tokenizer
+
+            tokenizer_dir = cfg.model.hf_dir or _tokenizer_dir(cfg.service.weights_dir)
+            source = build_task_source(cfg.tasks, tokenizer=load_tokenizer(tokenizer_dir) if tokenizer_dir
+                                       else char_tokenizer())
         vocab = cfg.service.vocab_size or _weights_vocab(cfg.service.weights_dir) or getattr(
             source, "vocab_size", None)
         if vocab is None:
@@ -377,6 +390,15 @@ def _weights_vocab(weights_dir: str | None) -> int | None:
         if cfg_path.exists():
             return int(json.loads(cfg_path.read_text())["vocab_size"])
     return None
+
+
+def _tokenizer_dir(weights_dir: str | None) -> Path | None:
+    """The first HF directory under ``weights_dir`` (itself, or a format subdirectory) with a tokenizer."""
+    if weights_dir is None:
+        return None
+    found = [p.parent for p in [Path(weights_dir) / "tokenizer.json",
+                                *sorted(Path(weights_dir).glob("*/tokenizer.json"))] if p.exists()]
+    return found[0] if found else None
 
 
 def weight_dirs(weights_dir: str | Path, default_format: str) -> dict[str, Path]:

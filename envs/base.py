@@ -63,6 +63,11 @@ class Episode(abc.ABC):
 
 class Environment(abc.ABC):
     name: ClassVar[str]
+    #: True when an episode is one policy turn whose reward follows from the generated tokens
+    #: alone: the trainer then re-scores every sample itself and never trusts the sampler's
+    #: reward. Multi-turn environments (tools, sandboxes) run where the sampler runs; their
+    #: reward is the one the sampler reports.
+    single_turn: ClassVar[bool] = False
 
     def __init__(self, tokenizer: Tokenizer, difficulty: int = 1):
         if difficulty < 1:

@@ -2,8 +2,8 @@ import numpy as np
 import pytest
 
 from convert.tokenizer import char_tokenizer
-from sampler_torch.envs import ENVIRONMENTS, make_env
-from sampler_torch.envs.sandbox import sandbox_available
+from envs import ENVIRONMENTS, make_env
+from envs.sandbox import sandbox_available
 
 TOK = char_tokenizer()
 needs_sandbox = pytest.mark.skipif(not sandbox_available(), reason="needs root + unshare (namespaces)")

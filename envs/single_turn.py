@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from sampler_torch.envs.base import Environment, Episode, StepResult, Task, register_env
+from envs.base import Environment, Episode, StepResult, Task, register_env
 
 
 class _AnswerEpisode(Episode):
@@ -26,7 +26,11 @@ class _AnswerEpisode(Episode):
         return StepResult([], reward, True, "answered" if ended else "length")
 
 
-class _SingleTurnEnv(Environment):
+class SingleTurnEnv(Environment):
+    """One answer, scored by exact match: the trainer re-scores it from the tokens."""
+
+    single_turn = True
+
     def _problem(self, payload: dict) -> tuple[str, str]:
         raise NotImplementedError
 
@@ -42,7 +46,7 @@ class _SingleTurnEnv(Environment):
 
 
 @register_env
-class Arithmetic(_SingleTurnEnv):
+class Arithmetic(SingleTurnEnv):
     """``a+b=`` / ``a-b=`` / ``a*b=`` with ``difficulty``-digit operands (``*`` from difficulty 2)."""
 
     name = "arithmetic"
@@ -60,7 +64,7 @@ class Arithmetic(_SingleTurnEnv):
 
 
 @register_env
-class Reverse(_SingleTurnEnv):
+class Reverse(SingleTurnEnv):
     """``rev abc=`` -> ``cba`` for a random lowercase word of ``2 + difficulty`` letters."""
 
     name = "reverse"

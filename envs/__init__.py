@@ -1,7 +1,7 @@
 """Environments: single-turn verifiable tasks and a multi-turn tool sandbox, behind one interface."""
 
-from sampler_torch.envs import single_turn, tool  # noqa: F401  (registers the environments)
-from sampler_torch.envs.base import (
+from envs import single_turn, tool  # noqa: F401  (registers the environments)
+from envs.base import (
     ENVIRONMENTS,
     TERMINATIONS,
     Environment,

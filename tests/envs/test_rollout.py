@@ -5,10 +5,10 @@ import pytest
 
 from convert.qwen3_config import Qwen3Config
 from convert.tokenizer import char_tokenizer
+from envs import make_env
+from envs.rollout import run_episodes
+from envs.sandbox import sandbox_available
 from sampler_torch.engine import Engine, SamplingParams
-from sampler_torch.envs import make_env
-from sampler_torch.envs.sandbox import sandbox_available
-from sampler_torch.rollout import run_episodes
 from trainer_jax.models import init_model, save_hf
 
 TOK = char_tokenizer()

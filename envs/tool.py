@@ -18,8 +18,8 @@ from __future__ import annotations
 import numpy as np
 
 from convert.tokenizer import TOOL_TAGS
-from sampler_torch.envs.base import Environment, Episode, StepResult, Task, register_env
-from sampler_torch.envs.sandbox import Sandbox, SandboxLimits
+from envs.base import Environment, Episode, StepResult, Task, register_env
+from envs.sandbox import Sandbox, SandboxLimits
 
 TOOL_OPEN, TOOL_CLOSE, OUT_OPEN, OUT_CLOSE, SUBMIT_OPEN, SUBMIT_CLOSE = TOOL_TAGS
 MAX_TOOLLESS_TURNS = 3

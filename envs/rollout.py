@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from sampler_torch.envs.base import Episode
+from envs.base import Episode
 
 
 @dataclasses.dataclass

@@ -5,7 +5,7 @@ import socket
 
 import pytest
 
-from sampler_torch.envs.sandbox import Sandbox, SandboxLimits, sandbox_available
+from envs.sandbox import Sandbox, SandboxLimits, sandbox_available
 
 pytestmark = pytest.mark.skipif(not sandbox_available(), reason="needs root + unshare (namespaces)")
 

@@ -1,0 +1,116 @@
+"""Run configs: YAML files validated by pydantic models, with ``key.sub=value`` overrides.
+
+One config system for every entry point. Unknown keys are errors (a typo must not silently fall
+back to a default), and every error names the offending key. Importing the schema loads neither
+JAX nor torch: the rollout service and the launchers use it too. Sections by module:
+``learning`` (model, objective, optimizer, warm start), ``run`` (the loop, groups, tasks),
+``service`` (the rollout service), ``parallel`` (mesh, multi-process).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import Field, ValidationError, model_validator
+
+from trainer_jax.config.base import Strict as _Strict
+from trainer_jax.config.learning import ModelConfig, ObjectiveConfig, OptimizerConfig, SFTConfig
+from trainer_jax.config.parallel import DistributedConfig, MeshConfig
+from trainer_jax.config.run import MixEntry, RunSection, SamplerGroupConfig, TasksConfig, TrainConfig
+from trainer_jax.config.service import (
+    BufferConfig,
+    RouterConfig,
+    ServiceConfig,
+    ServiceLimitsConfig,
+    TLSConfig,
+)
+
+
+class RunConfig(_Strict):
+    run: RunSection = RunSection()
+    model: ModelConfig = ModelConfig()
+    groups: list[SamplerGroupConfig] = Field(default_factory=lambda: [SamplerGroupConfig(name="bf16")])
+    service: ServiceConfig = ServiceConfig()
+    tasks: TasksConfig = TasksConfig()
+    train: TrainConfig = TrainConfig()
+    objective: ObjectiveConfig = ObjectiveConfig()
+    optimizer: OptimizerConfig = OptimizerConfig()
+    sft: SFTConfig = SFTConfig(steps=0)
+    mesh: MeshConfig = MeshConfig()
+    distributed: DistributedConfig = DistributedConfig()
+
+    @model_validator(mode="after")
+    def _unique_group_names(self) -> RunConfig:
+        names = [g.name for g in self.groups]
+        if len(set(names)) != len(names):
+            raise ValueError(f"sampler group names must be unique, got {names}")
+        if self.train.eval_group is not None and self.train.eval_group not in names:
+            raise ValueError(f"train.eval_group {self.train.eval_group!r} is not a group; groups: {names}")
+        return self
+
+    @property
+    def eval_group(self) -> str | None:
+        """The group that runs evaluations (see ``TrainConfig.eval_group``); None without groups."""
+        if self.train.eval_group is not None:
+            return self.train.eval_group
+        bf16 = [g.name for g in self.groups if g.weight_format == "bf16"]
+        return (bf16 or [g.name for g in self.groups] or [None])[0]
+
+    def weight_formats(self) -> list[str]:
+        """Formats published with every version: bf16 (the lingua franca) and each group's."""
+        return list(dict.fromkeys(["bf16", *(g.weight_format for g in self.groups)]))
+
+
+class ConfigError(ValueError):
+    """A config file or override is malformed; the message names the key."""
+
+
+def apply_override(tree: dict[str, Any], override: str) -> None:
+    """Apply ``a.b.c=value`` to a nested dict; ``value`` is parsed as YAML (``3``, ``true``, ``[1]``)."""
+    if "=" not in override:
+        raise ConfigError(f"override {override!r} is not of the form key=value")
+    key, raw = override.split("=", 1)
+    parts = key.strip().split(".")
+    if not all(parts):
+        raise ConfigError(f"override {override!r} has an empty key part")
+    node = tree
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"override {override!r}: {part!r} is not a section")
+        node = child
+    try:
+        node[parts[-1]] = yaml.safe_load(raw)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"override {override!r}: value is not valid YAML ({e})") from None
+
+
+def load_config(path: str | os.PathLike | None, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
+    tree: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        if not p.exists():
+            raise ConfigError(f"config file {p} does not exist")
+        try:
+            tree = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{p} is not valid YAML ({e})") from None
+        if not isinstance(tree, dict):
+            raise ConfigError(f"{p}: top level must be a mapping")
+    for override in overrides:
+        apply_override(tree, override)
+    try:
+        return RunConfig.model_validate(tree)
+    except ValidationError as e:
+        problems = "; ".join(
+            f"{'.'.join(str(x) for x in err['loc'])}: {err['msg']}" for err in e.errors())
+        raise ConfigError(f"invalid config{f' {path}' if path else ''}: {problems}") from None
+
+
+__all__ = ["BufferConfig", "ConfigError", "DistributedConfig", "MeshConfig", "MixEntry", "ModelConfig",
+           "ObjectiveConfig", "OptimizerConfig", "RouterConfig", "RunConfig", "RunSection", "SFTConfig",
+           "SamplerGroupConfig", "ServiceConfig", "ServiceLimitsConfig", "TLSConfig", "TasksConfig",
+           "TrainConfig", "apply_override", "load_config"]

@@ -1,0 +1,18 @@
+"""The base of every config section: frozen, and unknown keys are errors."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict
+
+
+class Strict(BaseModel):
+    """A config section: a typo must not silently fall back to a default, so extra keys fail."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def one_of(value: str, known, what: str) -> str:
+    """``value`` if it is in ``known`` (any container of names), else a ValueError listing them."""
+    if value not in known:
+        raise ValueError(f"unknown {what} {value!r}; known: {', '.join(known)}")
+    return value

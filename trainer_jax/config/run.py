@@ -1,0 +1,126 @@
+"""The run's own sections: ``run:``, ``train:`` (the loop), ``groups:`` and ``tasks:``."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from mixrl_wire.recipes import KV_CACHE_DTYPES, RECIPES, get_recipe
+from mixrl_wire.sampling import SamplingParams
+from trainer_jax.config.base import Strict as _Strict
+from trainer_jax.config.base import one_of
+
+
+class SamplerGroupConfig(_Strict):
+    """One group of samplers sharing a precision recipe (sampler_torch.recipes).
+
+    ``spawn``: the trainer starts ``processes`` local ``mixrl-sample`` processes for the group;
+    otherwise the group's samplers join by address on their own.
+    """
+
+    name: str
+    recipe: str = "bf16"  # a name in mixrl_wire.recipes.RECIPES
+    attention: Literal["sdpa", "eager"] | None = None  # None: the recipe's default
+    kv_cache_dtype: str | None = None  # None: the recipe's default
+    processes: int = Field(1, ge=0)
+    capacity: int = Field(8, gt=0)
+    threads: int = Field(1, gt=0)
+    spawn: bool = True
+
+    @field_validator("recipe")
+    @classmethod
+    def _known_recipe(cls, v: str) -> str:
+        return one_of(v, RECIPES, "recipe")
+
+    @field_validator("kv_cache_dtype")
+    @classmethod
+    def _known_kv_dtype(cls, v: str | None) -> str | None:
+        return v if v is None else one_of(v, KV_CACHE_DTYPES, "KV cache dtype")
+
+    @property
+    def weight_format(self) -> str:
+        """The weight format the group loads: the trainer publishes it with every version."""
+        return get_recipe(self.recipe).weight_format
+
+
+class RunSection(_Strict):
+    name: str = "run"
+    dir: str = "runs/run"
+    seed: int = 0
+    steps: int = Field(1, ge=0)
+
+
+class TrainConfig(_Strict):
+    """The asynchronous loop: batch shape, cadences, staleness, evaluation."""
+
+    prompts_per_step: int = Field(8, gt=0)  # P prompt groups (of G samples each) per step
+    advantage: str = "grpo"  # a name in trainer_jax.objective.ADVANTAGE_ESTIMATORS
+    publish_every: int = Field(1, gt=0)
+    checkpoint_every: int = Field(10, gt=0)
+    keep_checkpoints: int = Field(2, gt=0)
+    keep_versions: int = Field(3, gt=0)
+    max_staleness: int | None = Field(None, ge=0)  # None: no cap (the design's default)
+    rows: int = Field(16, gt=0)
+    row_len: int = Field(128, gt=0)
+    max_tokens: int = Field(1024, gt=0)
+    support_k: int = Field(64, gt=0)
+    episode_tokens: int = Field(160, gt=0)  # token budget of a multi-turn episode
+    take_timeout_s: float = Field(600.0, gt=0)
+    sampler_start_timeout_s: float = Field(180.0, gt=0)
+    eval_every: int = Field(10, ge=0)  # 0: only before and after training
+    eval_tasks: int = Field(32, ge=0)
+    eval_k: int = Field(4, gt=0)
+    eval_seed: int = 10_007
+    # The sampler group that runs evaluation tasks (leased like training tasks, never trained
+    # on). None: the first group that loads bf16 weights, else the first group.
+    eval_group: str | None = None
+    eval_timeout_s: float = Field(600.0, gt=0)
+    # A plain progress line every this many steps when the console is not a terminal (logs).
+    log_every: int = Field(10, gt=0)
+
+
+class MixEntry(_Strict):
+    """One environment of a task mix: its share, difficulty and constructor options."""
+
+    env: str
+    weight: float = Field(1.0, gt=0)
+    difficulty: int = Field(1, ge=1)
+    options: dict[str, Any] = Field(default_factory=dict)
+
+
+class TasksConfig(_Strict):
+    """Where the service's tasks come from: one environment, or a weighted mix (``env: mix``).
+
+    ``env`` names an environment of ``envs`` (``arithmetic``, ``reverse``, ``shell``, ...) or
+    ``mix``, in which case ``mix`` lists the environments with their weights and options.
+    ``sampling`` is the sampling of every task (``mixrl_wire.sampling.SamplingParams``; the
+    environment adds its stop tokens, the service a per-task seed).
+    """
+
+    env: str = "arithmetic"
+    group_size: int = Field(4, gt=0)  # G samples per prompt
+    count: int | None = Field(None, gt=0)  # None: endless
+    seed: int = 0
+    sampling: SamplingParams = SamplingParams(max_new_tokens=16)
+    mix: list[MixEntry] = Field(default_factory=list)  # with env: mix
+
+    @model_validator(mode="after")
+    def _environments(self) -> TasksConfig:
+        if self.sampling.temperature <= 0:
+            # The trainer's log-probabilities are of logits / temperature; greedy has no density.
+            raise ValueError(f"sampling.temperature must be > 0 for training, got "
+                             f"{self.sampling.temperature}")
+        if self.env == "mix" and not self.mix:
+            raise ValueError("env: mix needs a non-empty mix list")
+        if self.env != "mix" and self.mix:
+            raise ValueError(f"mix is only read with env: mix (env is {self.env!r})")
+        from envs import ENVIRONMENTS
+
+        for name in [m.env for m in self.mix] if self.env == "mix" else [self.env]:
+            one_of(name, ENVIRONMENTS, "environment")
+        return self
+
+    def mix_entries(self) -> list[MixEntry]:
+        """The environments to draw tasks from (a single ``env`` is a mix of one)."""
+        return list(self.mix) if self.env == "mix" else [MixEntry(env=self.env)]

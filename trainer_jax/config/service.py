@@ -1,0 +1,82 @@
+"""The rollout service's section (``service:``): listen address, TLS, buffer bounds, limits, router."""
+
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+
+from trainer_jax.config.base import Strict as _Strict
+
+
+class TLSConfig(_Strict):
+    """Server TLS from PEM files; ``client_ca_file`` turns on mutual TLS (client certs required)."""
+
+    cert_file: str | None = None
+    key_file: str | None = None
+    client_ca_file: str | None = None
+
+    @model_validator(mode="after")
+    def _pairs(self) -> TLSConfig:
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("cert_file and key_file must be given together")
+        if self.client_ca_file is not None and self.cert_file is None:
+            raise ValueError("client_ca_file (mutual TLS) needs cert_file and key_file")
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        return self.cert_file is not None
+
+
+class BufferConfig(_Strict):
+    """Bounds on accepted-but-not-yet-trained trajectories; leases stop when they are reached."""
+
+    max_trajectories: int = Field(4096, gt=0)
+    max_bytes: int = Field(2 * 1024**3, gt=0)
+
+
+class ServiceLimitsConfig(_Strict):
+    max_message_bytes: int = Field(64 * 1024**2, ge=1024)
+    max_outstanding_per_sampler: int = Field(256, gt=0)
+    # A session whose rejections reach this is revoked (PERMISSION_DENIED): a broken or hostile
+    # sampler must not burn the service's CPU forever.
+    max_rejections_per_sampler: int = Field(10_000, gt=0)
+    max_trajectory_tokens: int = Field(65_536, gt=0)
+    max_concurrent_rpcs: int = Field(512, gt=0)
+
+
+class RouterConfig(_Strict):
+    """How the lease budget is split across sampler groups (see trainer_jax.service.router)."""
+
+    policy: str = "throughput"
+    pin_groups: bool = True  # all G samples of a prompt go to one group (one lease)
+    ema_alpha: float = Field(0.3, gt=0, le=1)
+    interval_s: float = Field(1.0, gt=0)
+    min_share: float = Field(0.05, ge=0, lt=1)
+
+
+class ServiceConfig(_Strict):
+    listen: str = "127.0.0.1:50051"
+    token_file: str | None = None  # else the MIXRL_TOKEN environment variable
+    tls: TLSConfig = TLSConfig()
+    max_workers: int = Field(64, gt=0)
+    lease_ttl_s: float = Field(300.0, gt=0)
+    session_ttl_s: float = Field(15.0, gt=0)
+    heartbeat_s: float = Field(3.0, gt=0)
+    buffer: BufferConfig = BufferConfig()
+    limits: ServiceLimitsConfig = ServiceLimitsConfig()
+    router: RouterConfig = RouterConfig()
+    # `mixrl-train serve`: publish this directory as version 0 (an HF dir in `weights_format`, or
+    # a directory of per-format HF dirs such as convert.publish writes).
+    weights_dir: str | None = None
+    weights_format: str = "bf16"
+    vocab_size: int | None = Field(None, gt=0)  # default: weights' config.json, else the tokenizer
+
+    @model_validator(mode="after")
+    def _listen_and_ttls(self) -> ServiceConfig:
+        host, sep, port = self.listen.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
+            raise ValueError(f"listen must be HOST:PORT, got {self.listen!r}")
+        if self.heartbeat_s >= self.session_ttl_s:
+            raise ValueError(f"heartbeat_s ({self.heartbeat_s}) must be below session_ttl_s "
+                             f"({self.session_ttl_s})")
+        return self
