@@ -15,12 +15,14 @@ from pathlib import Path
 import numpy as np
 
 from convert.publish import publish
-from trainer_jax.models import Qwen3, iter_hf_tensors
+from trainer_jax.models import Qwen3
+from trainer_jax.parallel.publish import iter_gathered_hf_tensors
 
 
 def snapshot(model: Qwen3) -> dict[str, np.ndarray]:
-    """The model's parameters as HF-named host arrays (what a publish writes)."""
-    return dict(iter_hf_tensors(model))
+    """The model's parameters as HF-named host arrays (what a publish writes), each gathered
+    from its shards once (with several processes, a collective every process must call)."""
+    return dict(iter_gathered_hf_tensors(model))
 
 
 class Publisher:
