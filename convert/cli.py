@@ -6,7 +6,9 @@ Commands::
     mixrl-convert export   --checkpoint CKPT --out DIR [--format F] [--config HF --step N]
                                                           orbax / training ckpt -> HF dir
     mixrl-convert quantize --in HF_DIR --format F --out DIR           HF -> quantized HF dir
-    mixrl-convert publish  --in SRC --root ROOT --version V --format F [--format F ...]
+    mixrl-convert publish  --in SRC --root ROOT --version V --format F [--format F ...] [--delta]
+    mixrl-convert materialize --root ROOT --version V --format F --out DIR
+                                                          a full HF dir from a delta chain
     mixrl-convert verify   DIR                            manifest, shards, tensors vs config
                                                           (a published version dir: each format)
     mixrl-convert inspect  DIR [--against HF_DIR]         per-tensor dequantization error
@@ -149,12 +151,31 @@ def cmd_publish(args: argparse.Namespace) -> int:
     formats = list(dict.fromkeys(args.format))
     with _progress("publish " + ",".join(formats), total and total * len(formats),
                    not args.quiet) as advance:
+        report: dict = {}
         paths = publish(args.input, None, args.root, args.version, formats,
                         keep_last=args.keep_last, max_shard_bytes=args.max_shard_bytes,
                         kv_scales=_kv_scales(args, args.input),
-                        progress=lambda fmt, name, n: advance(f"{fmt}:{name}", n))
+                        progress=lambda fmt, name, n: advance(f"{fmt}:{name}", n),
+                        delta=args.delta, full_every=args.full_every, report=report)
     for fmt, path in paths.items():
-        _console().print(f"published {fmt}: {path}", soft_wrap=True)
+        r = report[fmt]
+        how = (f"delta against v{r['delta_base']}, {r['bytes']:,} bytes of {r['full_bytes']:,} "
+               f"({100 * r['bytes'] / max(r['full_bytes'], 1):.1f} %)" if r["delta_base"] is not None
+               else f"full, {r['bytes']:,} bytes")
+        _console().print(f"published {fmt}: {path} ({how})", soft_wrap=True)
+    return 0
+
+
+def cmd_materialize(args: argparse.Namespace) -> int:
+    from convert.delta import materialize
+    from convert.store import open_store
+
+    out = Path(args.out)
+    if out.exists() and not args.overwrite:
+        raise FileExistsError(f"{out} already exists (pass --overwrite to replace it)")
+    how = materialize(open_store(args.root), args.version, args.format, out)
+    _console().print(f"materialized v{args.version} {args.format} into {out} ({how}; every file "
+                     "verified against the manifest)", soft_wrap=True)
     return 0
 
 
@@ -305,10 +326,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", action="append", required=True, choices=formats,
                    help="repeat for several formats")
     p.add_argument("--keep-last", type=int, default=3)
+    p.add_argument("--delta", action="store_true",
+                   help="write each format as a delta against the previous version under ROOT "
+                        "(a full snapshot when there is none, or every --full-every versions)")
+    p.add_argument("--full-every", type=int, default=10, metavar="N",
+                   help="with --delta: a full snapshot every N versions (default 10)")
     shard_size(p)
     kv_calibration(p)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_publish)
+
+    p = sub.add_parser("materialize", help="a full HF directory of version V from ROOT",
+                       description="Write version V of format F under ROOT (a directory or an "
+                       "fsspec URL) as a full HF directory, applying its delta chain from the "
+                       "newest full snapshot, byte-identical to a full publish of the same "
+                       "weights and verified against its manifest.")
+    p.add_argument("--root", required=True)
+    p.add_argument("--version", required=True, type=int)
+    p.add_argument("--format", required=True, choices=formats)
+    p.add_argument("--out", required=True, metavar="DIR")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing DIR")
+    p.set_defaults(func=cmd_materialize)
 
     p = sub.add_parser("verify", help="check manifest, shards and tensors against the config",
                        description="Exit 0 if DIR is complete and intact; otherwise print every "
@@ -332,6 +370,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from convert.delta import DeltaError
+    from convert.store import StoreError
+
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
@@ -339,7 +380,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         _console().print("interrupted; no partial output was left")
         return 130
-    except (ValueError, OSError, KeyError) as e:
+    except (ValueError, OSError, KeyError, DeltaError, StoreError) as e:
         # Our errors (checkpoint, safetensors, quantization, export, manifest, config) are
         # ValueErrors with a message naming the file or tensor; OSError covers missing paths.
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e

@@ -15,6 +15,14 @@ so no reader ever sees a half-deleted directory; readers with open files keep th
 
 The source is read once: each source tensor is handed to one export thread per format, so
 a trainer's device-to-host copy happens once per tensor whatever the number of formats.
+
+With ``delta=True`` a format whose previous version exists is written as a delta against it
+(``convert.delta``): the full export goes to a local cache (the next version's base) and only
+what changed goes to the store; a full snapshot every ``full_every`` versions, and whenever the
+base is missing or unreadable. ``out_root`` may be an fsspec URL (``convert.store``): the version
+is staged locally, uploaded under a temporary prefix and committed by writing ``LATEST`` last.
+Pruning keeps every base a kept delta needs, never the version just published nor the one
+``LATEST`` names.
 """
 
 from __future__ import annotations
@@ -29,24 +37,18 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
-from convert.atomic import atomic_directory, atomic_write_text
+from convert.atomic import atomic_directory
+from convert.delta import DELTA_NAME, DeltaError, encode_delta, materialize, read_step
 from convert.export import export_hf
 from convert.formats import FORMATS, get_codec
 from convert.hf_checkpoint import CONFIG_NAME, DEFAULT_MAX_SHARD_BYTES
 from convert.qwen3_config import Qwen3Config
 from convert.sources import Source, open_source
+from convert.store import LATEST, VERSION_FILE, Store, open_store, version_dirname
 
-LATEST = "LATEST"
-VERSION_FILE = "version.json"
 _VERSION_DIR = re.compile(r"^v(\d{8,})$")
 #: called after each source tensor is converted for a format: (format, hf_name, source bytes)
 PublishProgress = Callable[[str, str, int], None]
-
-
-def version_dirname(version: int) -> str:
-    if not isinstance(version, int) or version < 0:
-        raise ValueError(f"version must be a non-negative int, got {version!r}")
-    return f"v{version:08d}"
 
 
 def list_versions(out_root: str | os.PathLike) -> list[int]:
@@ -88,7 +90,8 @@ def version_formats(path: str | os.PathLike) -> list[str] | None:
             meta["formats"], list) else []
     except (OSError, ValueError, KeyError, TypeError):
         pass  # no or unreadable version.json: fall back to the subdirectories
-    present = [f for f in FORMATS if (p / f / CONFIG_NAME).is_file()]
+    present = [f for f in FORMATS
+               if (p / f / CONFIG_NAME).is_file() or (p / f / DELTA_NAME).is_file()]
     formats = list(dict.fromkeys(listed + present))
     return formats or None
 
@@ -116,22 +119,36 @@ def describe_published(path: str | os.PathLike) -> str | None:
             f"{newest / (formats[0] if formats else 'FORMAT')}")
 
 
-def prune_versions(out_root: str | os.PathLike, keep_last: int) -> list[Path]:
-    """Delete all but the newest ``keep_last`` versions; return the removed paths."""
+def _needed_bases(store: Store, version: int) -> set[int]:
+    """The versions a delta of ``version`` is built on (every format), from its version.json."""
+    try:
+        meta = json.loads(store.read_text(f"{version_dirname(version)}/{VERSION_FILE}") or "{}")
+        return {int(b) for b in (meta.get("deltas") or {}).values()}
+    except (ValueError, TypeError, AttributeError):
+        return set()
+
+
+def prune_versions(out_root: str | os.PathLike | Store, keep_last: int,
+                   protect: Iterable[int] = ()) -> list[int]:
+    """Delete all but the newest ``keep_last`` versions; return the removed version numbers.
+
+    Never removed: the versions in ``protect``, the one ``LATEST`` names, and (transitively)
+    every base a kept delta version is built on, so whatever is kept can still be materialized.
+    """
     if keep_last < 1:
         raise ValueError(f"keep_last must be >= 1, got {keep_last}")
-    root = Path(out_root)
-    removed = []
-    for v in list_versions(root)[:-keep_last]:
-        path = root / version_dirname(v)
-        aside = root / f".{path.name}.deleting-{os.getpid()}-{threading.get_ident()}"
-        try:
-            os.replace(path, aside)
-        except FileNotFoundError:  # removed concurrently
-            continue
-        shutil.rmtree(aside, ignore_errors=True)
-        removed.append(path)
-    return removed
+    store = out_root if isinstance(out_root, Store) else open_store(out_root)
+    versions = store.versions()
+    keep = set(versions[-keep_last:]) | set(protect)
+    if (latest := store.latest()) is not None:
+        keep.add(latest)
+    todo = [v for v in keep if v in versions]
+    while todo:
+        for base in _needed_bases(store, todo.pop()):
+            if base not in keep:
+                keep.add(base)
+                todo.append(base)
+    return [v for v in versions if v not in keep and store.remove_version(v)]
 
 
 class _End:
@@ -207,40 +224,161 @@ def _fan_out_exports(source: Source, formats: Sequence[str], stage: Path, export
         raise end.exc
 
 
+def _depth(store: Store, version: int, fmt: str) -> int:
+    """Deltas since the last full snapshot at ``version`` (0: it is one)."""
+    meta = read_step(store, version, fmt)
+    return 0 if meta is None else int(meta["depth"])
+
+
+def _default_cache(store: Store) -> Path:
+    if store.local is not None:
+        return store.local / ".publish-cache"
+    import hashlib
+    import tempfile
+
+    key = hashlib.sha256(store.root.encode()).hexdigest()[:16]
+    return Path(tempfile.gettempdir()) / "mixrl-publish-cache" / key
+
+
+def _base_dir(store: Store, cache: Path, base: int, fmt: str, work: Path) -> Path:
+    """A local full directory of version ``base`` of ``fmt``: the cache's, else materialized."""
+    cached = cache / fmt
+    if (cache / f"{fmt}.version").is_file() and \
+            (cache / f"{fmt}.version").read_text().strip() == str(base) and cached.is_dir():
+        return cached
+    out = work / f"base-{fmt}"
+    materialize(store, base, fmt, out)  # a trainer restarted, or weights trained elsewhere
+    return out
+
+
+def _stage_formats(store: Store, formats: Sequence[str], version: int, work: Path, stage: Path,
+                   cache: Path, full_every: int, report: dict | None) -> dict[str, int]:
+    """Write each format of the full exports in ``work`` into ``stage``: as a delta against the
+    previous version where there is one, else in full. Return ``{format: base}`` of the deltas."""
+    previous = [v for v in store.versions() if v < version]
+    deltas: dict[str, int] = {}
+    for fmt in formats:
+        full_bytes = sum(p.stat().st_size for p in (work / fmt).rglob("*") if p.is_file())
+        base = next((v for v in reversed(previous)
+                     if store.exists(f"{version_dirname(v)}/{fmt}/{DELTA_NAME}")
+                     or store.exists(f"{version_dirname(v)}/{fmt}/manifest.json")), None)
+        written = None
+        if base is not None:
+            try:
+                depth = _depth(store, base, fmt) + 1
+                if depth < full_every:
+                    written = encode_delta(work / fmt, _base_dir(store, cache, base, fmt, work),
+                                           stage / fmt, version=version, base_version=base,
+                                           depth=depth)
+                    deltas[fmt] = base
+            except (DeltaError, OSError, ValueError):
+                shutil.rmtree(stage / fmt, ignore_errors=True)  # base unusable: publish in full
+                written = None
+        if written is None:
+            shutil.copytree(work / fmt, stage / fmt, copy_function=_link_or_copy)
+            written = full_bytes
+        if report is not None:
+            report[fmt] = {"bytes": written, "full_bytes": full_bytes, "delta_base": deltas.get(fmt)}
+    return deltas
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)  # exports are never modified in place: sharing inodes is safe
+    except OSError:
+        shutil.copyfile(src, dst)
+
+
+def _update_cache(cache: Path, work: Path, formats: Sequence[str], version: int) -> None:
+    """Keep this version's full exports as the next version's bases."""
+    cache.mkdir(parents=True, exist_ok=True)
+    for fmt in formats:
+        (cache / f"{fmt}.version").unlink(missing_ok=True)  # the pair is invalid until both move
+        aside = cache / f".{fmt}.old-{os.getpid()}-{threading.get_ident()}"
+        if (cache / fmt).exists():
+            os.replace(cache / fmt, aside)
+        os.replace(work / fmt, cache / fmt)
+        shutil.rmtree(aside, ignore_errors=True)
+        (cache / f"{fmt}.version").write_text(f"{version}\n")
+
+
 def publish(params_or_checkpoint, config: Mapping | Qwen3Config | None, out_root: str | os.PathLike,
             version: int, formats: Iterable[str] = ("bf16",), *, keep_last: int | None = 3,
             tokenizer_dir: str | os.PathLike | None = None,
             max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
             kv_scales: Mapping[int, tuple[float, float]] | None = None,
             input_amax: Mapping[str, float] | None = None,
-            progress: PublishProgress | None = None) -> dict[str, Path]:
+            progress: PublishProgress | None = None, delta: bool = False, full_every: int = 10,
+            cache_dir: str | os.PathLike | None = None,
+            report: dict | None = None) -> dict[str, Path | str]:
     """Publish weights as ``out_root/v{version:08d}/{format}/``; return ``{format: path}``.
 
     ``params_or_checkpoint``: a callable returning an iterator of ``(hf_name, float array)``
     (e.g. ``lambda: iter_hf_tensors(model)``), a mapping or one-shot iterable of such pairs, an
     HF directory, or a mixrl orbax checkpoint directory. ``config``: the HF config dict or
     ``Qwen3Config`` (``None`` to use the directory's). ``keep_last``: keep this many newest
-    versions (``None``: keep all). Raises ``FileExistsError`` if the version exists; on any
-    error nothing of the new version is visible.
+    versions (``None``: keep all). ``out_root``: a directory or an fsspec URL (then the paths
+    returned are URLs). ``delta``: write each format as a delta against its previous version
+    (a full snapshot every ``full_every`` versions); ``cache_dir`` keeps the full exports the
+    next delta is computed against (default: ``out_root/.publish-cache``, or a temp directory
+    for a URL). ``report``, if given, receives ``{format: {"bytes", "full_bytes",
+    "delta_base"}}``. Raises ``FileExistsError`` if the version exists; on any error nothing of
+    the new version is visible.
     """
     formats = list(dict.fromkeys(formats))
     if not formats:
         raise ValueError("no formats to publish")
     for fmt in formats:
         get_codec(fmt)  # unknown names fail before any work
+    if full_every < 1:
+        raise ValueError(f"full_every must be >= 1, got {full_every}")
     name = version_dirname(version)
     source = open_source(params_or_checkpoint, config)
-    root = Path(out_root)
-    final = root / name
+    store = open_store(out_root)
+    if store.local is None and store.exists(name):
+        raise FileExistsError(f"{store.root}/{name} already exists")
     export_kwargs = dict(copy_files_from=tokenizer_dir or source.files_dir,
                          max_shard_bytes=max_shard_bytes, kv_scales=kv_scales,
                          input_amax=input_amax, metadata={"version": version})
-    with atomic_directory(final) as stage:
-        _fan_out_exports(source, formats, stage, export_kwargs, progress)
-        (stage / VERSION_FILE).write_text(json.dumps(
-            {"version": version, "formats": formats, "created_unix": round(time.time(), 3)},
-            indent=2) + "\n")
-    atomic_write_text(root / LATEST, name + "\n")
+    cache = Path(cache_dir) if cache_dir is not None else _default_cache(store)
+    local_parent = store.local if store.local is not None else cache.parent
+    local_parent.mkdir(parents=True, exist_ok=True)
+    final = store.local / name if store.local is not None else local_parent / f".stage-{name}"
+    if store.local is not None and final.exists():
+        raise FileExistsError(f"{final} already exists (pass overwrite to replace it)")
+    import tempfile
+
+    work = Path(tempfile.mkdtemp(prefix=f".publish-{name}-", dir=local_parent)) if delta else None
+    deltas: dict[str, int] = {}
+    try:
+        with atomic_directory(final, overwrite=store.local is None) as stage:
+            if delta:
+                _fan_out_exports(source, formats, work, export_kwargs, progress)
+                deltas = _stage_formats(store, formats, version, work, stage, cache, full_every,
+                                        report)
+            else:
+                _fan_out_exports(source, formats, stage, export_kwargs, progress)
+                if report is not None:
+                    for fmt in formats:
+                        n = sum(p.stat().st_size for p in (stage / fmt).rglob("*") if p.is_file())
+                        report[fmt] = {"bytes": n, "full_bytes": n, "delta_base": None}
+            (stage / VERSION_FILE).write_text(json.dumps(
+                {"version": version, "formats": formats, "created_unix": round(time.time(), 3),
+                 **({"deltas": deltas} if deltas else {})}, indent=2) + "\n")
+            if store.local is None:
+                store.commit_version(stage, version)
+        if store.local is None:
+            shutil.rmtree(final, ignore_errors=True)
+        # LATEST names what was just published, which exists now (a resumed run may publish a
+        # lower number than versions left by the run it resumes: those must not win).
+        store.write_latest(version)
+        if delta:
+            _update_cache(cache, work, formats, version)
+    finally:
+        if work is not None:
+            shutil.rmtree(work, ignore_errors=True)
     if keep_last is not None:
-        prune_versions(root, keep_last)
+        prune_versions(store, keep_last, protect={version})
+    if store.local is None:
+        return {fmt: f"{store.root.rstrip('/')}/{name}/{fmt}" for fmt in formats}
     return {fmt: final / fmt for fmt in formats}
