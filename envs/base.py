@@ -75,7 +75,23 @@ class Environment(abc.ABC):
         self.tokenizer = tokenizer
         self.difficulty = difficulty
         specials = special_token_ids(tokenizer)
-        self.bos, self.eos = specials["bos"], specials["eos"]
+        # None for a real model's tokenizer: environments that need them say so when built.
+        self.bos, self.eos = specials.get("bos"), specials.get("eos")
+        # Template arguments (``tasks.chat_template_kwargs``); the task source sets them.
+        self.chat_template_kwargs: dict[str, Any] = {}
+
+    def score(self, task: Task, generated: list[int]) -> float:
+        """Trainer-side reward of a single-turn reply (``single_turn`` environments)."""
+        with self.start(task) as episode:
+            return episode.step(generated).reward
+
+    def close(self) -> None:  # noqa: B027  (optional hook: most environments hold nothing)
+        """Release what the environment holds (reward worker processes); idempotent."""
+
+    def sample_task_at(self, rng: np.random.Generator, task_id: str, draw: int) -> Task:
+        """Task ``task_id``, this environment's ``draw``-th: environments that walk a fixed list
+        (datasets) use ``draw``; generators use ``rng``."""
+        return self.sample_task(rng, task_id)
 
     @abc.abstractmethod
     def sample_task(self, rng: np.random.Generator, task_id: str) -> Task:

@@ -26,7 +26,7 @@ import numpy as np
 from rich.console import Console
 
 from convert.qwen3_config import Qwen3Config
-from convert.tokenizer import char_tokenizer, load_tokenizer, special_token_ids
+from convert.tokenizer import char_tokenizer, load_tokenizer, save_tokenizer_files, special_token_ids
 from trainer_jax.batching import Sample, pack
 from trainer_jax.checkpoint import Checkpointer
 from trainer_jax.config import RunConfig
@@ -112,8 +112,7 @@ class Trainer:
         cfg, run = self.cfg, self.run_dir
         self.tokenizer = load_tokenizer(cfg.model.hf_dir) if cfg.model.hf_dir else char_tokenizer()
         self.tokenizer_dir = run / "tokenizer"
-        self.tokenizer_dir.mkdir(exist_ok=True)
-        self.tokenizer.save(str(self.tokenizer_dir / "tokenizer.json"))
+        save_tokenizer_files(self.tokenizer, self.tokenizer_dir)  # the source's files, unchanged
         self.model, self.qcfg = build_policy(cfg, self.tokenizer.get_vocab_size(),
                                              special_token_ids(self.tokenizer))
         objective = cfg.objective.model_copy(update={"num_groups": max(1, len(cfg.groups))})
@@ -128,7 +127,7 @@ class Trainer:
         self.source = build_task_source(cfg.tasks, tokenizer=self.tokenizer)
         self.source.cursor = int(self.meta["task_cursor"])
         self.eval_source = build_task_source(cfg.tasks, tokenizer=self.tokenizer, seed=cfg.train.eval_seed,
-                                             prefix="eval")
+                                             prefix="eval", evaluation=True)
 
     def _warm_start(self) -> None:
         cfg = self.cfg
@@ -307,6 +306,7 @@ class Trainer:
                 self.meta["step"] += 1
                 step = self.meta["step"]
                 values = self._step_metrics(groups, samples, taken, rewards, result, t1 - t0, t2 - t1)
+                values.update(self.source.metrics([t for g in groups for t in g.trajectories]))
                 if step % cfg.train.publish_every == 0:
                     self.meta["version"] += 1
                     self.publisher.request(self.meta["version"], snapshot(self.model))

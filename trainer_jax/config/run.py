@@ -104,6 +104,8 @@ class TasksConfig(_Strict):
     seed: int = 0
     sampling: SamplingParams = SamplingParams(max_new_tokens=16)
     mix: list[MixEntry] = Field(default_factory=list)  # with env: mix
+    # Arguments of the model's chat template (Qwen3: ``{enable_thinking: false}``).
+    chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _environments(self) -> TasksConfig:
@@ -119,6 +121,11 @@ class TasksConfig(_Strict):
 
         for name in [m.env for m in self.mix] if self.env == "mix" else [self.env]:
             one_of(name, ENVIRONMENTS, "environment")
+        for m in self.mix_entries():
+            if m.env == "dataset":  # a missing file or a malformed reward name fails here, not at step 0
+                from envs.dataset import check_options
+
+                check_options(m.options)
         return self
 
     def mix_entries(self) -> list[MixEntry]:

@@ -10,14 +10,17 @@ the tokens, so a sampler's reported reward is never trusted for them.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
+import threading
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from convert.tokenizer import char_tokenizer
 from envs import Environment, Task, make_env
+from envs.rewards import RewardResult
 from mixrl_wire.sampling import SamplingParams
 
 if TYPE_CHECKING:
@@ -63,30 +66,61 @@ class TaskSource(Protocol):
 
 
 class EnvTaskSource:
-    """Tasks drawn from environments by weight; ``mix`` entries are ``MixEntry`` configs."""
+    """Tasks drawn from environments by weight; ``mix`` entries are ``MixEntry`` configs.
+
+    ``evaluation``: environments with a held-out file (``dataset``'s ``eval_path``) draw from it.
+    """
 
     def __init__(self, mix: list[MixEntry], *, seed: int = 0, group_size: int = 4, count: int | None = None,
-                 sampling: SamplingParams | None = None, tokenizer=None, prefix: str = "t"):
+                 sampling: SamplingParams | None = None, tokenizer=None, prefix: str = "t",
+                 chat_template_kwargs: dict[str, Any] | None = None, evaluation: bool = False):
         if not mix:
             raise ValueError("tasks.mix: list at least one environment")
         self.tokenizer = tokenizer or char_tokenizer()
         self.envs: list[Environment] = [
             make_env(m.env, self.tokenizer, difficulty=m.difficulty, **m.options) for m in mix]
+        if evaluation:
+            self.envs = [env.for_evaluation() if hasattr(env, "for_evaluation") else env for env in self.envs]
+        for env in self.envs:
+            env.chat_template_kwargs = dict(chat_template_kwargs or {})
         weights = np.asarray([m.weight for m in mix], np.float64)
         self.weights = weights / weights.sum()
         self.sampling = sampling or SamplingParams(max_new_tokens=16)
         self.seed, self.group_size, self.count, self.prefix = seed, group_size, count, prefix
         self.cursor = 0
+        self.rewards = RewardLedger()
+        # Per environment, how many of tasks 0..n-1 it drew (a dataset walks its rows in that
+        # order): (n, counts), advanced incrementally as the cursor moves.
+        self._draws = (0, [0] * len(self.envs))
 
     @property
     def vocab_size(self) -> int:
         return self.tokenizer.get_vocab_size()
 
+    def _choice(self, n: int) -> tuple[np.random.Generator, int]:
+        rng = np.random.default_rng([self.seed, n])
+        if len(self.envs) == 1:
+            return rng, 0
+        return rng, int(rng.choice(len(self.envs), p=self.weights))
+
+    def _draw(self, n: int, env_index: int) -> int:
+        """How many of tasks ``0..n-1`` came from environment ``env_index``."""
+        if len(self.envs) == 1:
+            return n
+        at, counts = self._draws
+        if n < at:
+            at, counts = 0, [0] * len(self.envs)
+        counts = list(counts)
+        for m in range(at, n):
+            counts[self._choice(m)[1]] += 1
+        self._draws = (n, counts)
+        return counts[env_index]
+
     def task(self, n: int) -> tuple[Task, Environment]:
         """Task number ``n`` and the environment it belongs to (deterministic in seed and n)."""
-        rng = np.random.default_rng([self.seed, n])
-        env = self.envs[int(rng.choice(len(self.envs), p=self.weights))]
-        return env.sample_task(rng, f"{self.prefix}{n}"), env
+        rng, i = self._choice(n)
+        env = self.envs[i]
+        return env.sample_task_at(rng, f"{self.prefix}{n}", self._draw(n, i)), env
 
     def spec(self, n: int, *, group_size: int | None = None, **fields) -> TaskSpec:
         """The ``TaskSpec`` of task ``n``; ``fields`` set the evaluation fields or the sampling."""
@@ -112,13 +146,68 @@ class EnvTaskSource:
         task, env = spec.private
         if not env.single_turn:
             return None  # multi-turn: the sampler ran the sandbox; keep its reward
-        with env.start(task) as episode:
-            return episode.step(record.policy_token_ids().tolist()).reward
+        result = env.score(task, record.policy_token_ids().tolist())
+        if isinstance(result, RewardResult):
+            self.rewards.put((record.task_id, record.sample_index), result)
+            return result.reward
+        return result
+
+    def metrics(self, trajectories) -> dict[str, float]:
+        """Reward-function metrics of a step's trajectories: failures and timeouts per sampler
+        group, and the mean of each numeric key the reward returned beside ``reward``."""
+        return self.rewards.metrics(trajectories)
+
+    def close(self) -> None:
+        for env in self.envs:
+            env.close()
+
+
+class RewardLedger:
+    """Reward results by ``(task_id, sample_index)`` until the step that trains on them reads them.
+
+    Bounded: evaluation samples (never read by a step) and dropped groups age out.
+    """
+
+    def __init__(self, capacity: int = 200_000):
+        self._results: collections.OrderedDict[tuple[int, int], RewardResult] = collections.OrderedDict()
+        self._lock = threading.Lock()
+        self.capacity = capacity
+
+    def put(self, key: tuple[int, int], result: RewardResult) -> None:
+        with self._lock:
+            self._results[key] = result
+            while len(self._results) > self.capacity:
+                self._results.popitem(last=False)
+
+    def metrics(self, trajectories) -> dict[str, float]:
+        with self._lock:
+            found = [(t.group, self._results.pop((t.task_id, t.sample_index), None)) for t in trajectories]
+        found = [(g, r) for g, r in found if r is not None]
+        if not found:
+            return {}
+        values: dict[str, float] = {}
+        sums: dict[str, list[float]] = collections.defaultdict(list)
+        for group in sorted({g for g, _ in found}):
+            mine = [r for g, r in found if g == group]
+            values[f"group/{group}/reward_errors"] = float(sum(_is_error(r) for r in mine))
+            values[f"group/{group}/reward_timeouts"] = float(sum(r.timed_out for r in mine))
+        for _, r in found:
+            for k, v in r.metrics.items():
+                sums[k].append(v)
+        values["reward_errors"] = float(sum(_is_error(r) for _, r in found))
+        values["reward_timeouts"] = float(sum(r.timed_out for _, r in found))
+        values.update({f"reward/{k}": float(np.mean(v)) for k, v in sums.items()})
+        return values
+
+
+def _is_error(r: RewardResult) -> bool:
+    return r.error is not None and not r.timed_out
 
 
 def build_task_source(cfg: TasksConfig, *, tokenizer=None, seed: int | None = None,
-                      prefix: str = "t") -> EnvTaskSource:
-    """The task source ``cfg`` describes (``seed``/``prefix`` differ for held-out evaluation)."""
+                      prefix: str = "t", evaluation: bool = False) -> EnvTaskSource:
+    """The task source ``cfg`` describes (``seed``/``prefix``/``evaluation`` for held-out evaluation)."""
     return EnvTaskSource(cfg.mix_entries(), seed=cfg.seed if seed is None else seed,
                          group_size=cfg.group_size, count=cfg.count, sampling=cfg.sampling,
-                         tokenizer=tokenizer, prefix=prefix)
+                         tokenizer=tokenizer, prefix=prefix, chat_template_kwargs=cfg.chat_template_kwargs,
+                         evaluation=evaluation)

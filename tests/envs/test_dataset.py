@@ -1,0 +1,137 @@
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from convert.tokenizer import char_tokenizer, load_tokenizer
+from envs import make_env
+from envs.rewards import RewardResult
+from trainer_jax.config import ConfigError, MixEntry, load_config
+from trainer_jax.service.tasks import EnvTaskSource
+
+HERE = Path(__file__).parent
+ROWS = [{"question": f"{a}+{b}?", "answer": f"#### {a + b}"} for a in range(3) for b in range(3)]
+
+
+@pytest.fixture(autouse=True)
+def _user_module_on_path(monkeypatch):
+    monkeypatch.syspath_prepend(str(HERE))
+
+
+@pytest.fixture(scope="module")
+def rows(tmp_path_factory):
+    path = tmp_path_factory.mktemp("data") / "train.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    return path
+
+
+def _source(path, tokenizer, *, mix_extra=(), **options):
+    opts = {"path": str(path), "prompt_key": "question", "answer_key": "answer", "reward": "math"} | options
+    return EnvTaskSource([MixEntry(env="dataset", options=opts), *mix_extra], seed=3, tokenizer=tokenizer,
+                         chat_template_kwargs={"enable_thinking": False})
+
+
+def _record(task_id, sample_index, ids):
+    """The fields of a validated sample the scorer reads."""
+    return SimpleNamespace(task_id=task_id, sample_index=sample_index,
+                           policy_token_ids=lambda: np.asarray(ids))
+
+
+def test_epochs_reshuffle_deterministically_and_the_cursor_resumes_mid_epoch(rows):
+    src = _source(rows, char_tokenizer(), shuffle_seed=5)
+    try:
+        order = [src.task(n)[0].payload["row"] for n in range(3 * len(ROWS))]
+        epochs = [order[i: i + len(ROWS)] for i in range(0, len(order), len(ROWS))]
+        assert all(sorted(e) == list(range(len(ROWS))) for e in epochs)  # each epoch: every row once
+        assert epochs[0] != epochs[1]  # reshuffled
+        again = _source(rows, char_tokenizer(), shuffle_seed=5)
+        again.cursor = 13  # a resumed run: mid second epoch
+        assert [json.loads(again.next_task().payload)["row"] for _ in range(8)] == order[13:21]
+        again.close()
+    finally:
+        src.close()
+
+
+def test_dataset_in_a_mix_walks_its_rows_in_order(rows):
+    src = _source(rows, char_tokenizer(), mix_extra=[MixEntry(env="arithmetic")], shuffle_seed=1)
+    try:
+        drawn = [t.payload["row"] for t, env in (src.task(n) for n in range(40)) if env.name == "dataset"]
+        assert 10 < len(drawn) < 30 and sorted(drawn[: len(ROWS)]) == list(range(len(ROWS)))
+        assert [src.task(n)[0] for n in (39, 2, 17)] == [src.task(n)[0] for n in (39, 2, 17)]
+    finally:
+        src.close()
+
+
+def test_prompt_rendered_with_the_chat_template_and_scored_by_the_reward(rows, model_dir):
+    tok = load_tokenizer(model_dir)
+    src = _source(rows, tok, system_prompt="Answer with #### n.")
+    try:
+        spec = src.spec(0)
+        task, env = spec.private
+        row = ROWS[task.payload["row"]]
+        text = tok.decode(list(spec.prompt_ids), skip_special_tokens=False)
+        assert text == ("<|im_start|>system\nAnswer with #### n.<|im_end|>\n"
+                        f"<|im_start|>user\n{row['question']}<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n")
+        end = tok.token_to_id("<|im_end|>")
+        stops = spec.sampling.stop_token_ids
+        assert set(env.chat.stop_ids) <= set(stops) and end in stops
+        assert len(spec.payload) < 20  # the row index only; the prompt travels as ids
+        right = tok.encode(f"it is {row['answer']}", add_special_tokens=False).ids + [end]
+        wrong = tok.encode("#### 99", add_special_tokens=False).ids + [end]
+        assert src.score(spec, _record(0, 0, right)) == 1.0
+        assert src.score(spec, _record(0, 1, wrong)) == 0.0
+    finally:
+        src.close()
+
+
+def test_reward_failures_counted_per_group_with_user_metrics(rows):
+    src = _source(rows, char_tokenizer(), reward="user_rewards:length_bonus", answer_key=None)
+    try:
+        spec = src.spec(0)
+        eos = char_tokenizer().token_to_id("<eos>")
+        for i, ids in enumerate([[eos], [char_tokenizer().token_to_id("7"), eos]]):
+            src.score(spec, _record(7, i, ids))
+        src.rewards.put((7, 2), RewardResult(0.0, error="timeout", timed_out=True))
+        trajs = [SimpleNamespace(task_id=7, sample_index=i, group=g)
+                 for i, g in enumerate(["bf16", "fp8", "fp8"])]
+        m = src.metrics(trajs)
+        # answer=None != completion: the user's function scored 0 without error and gave its metrics.
+        assert m["reward_errors"] == 0 and m["reward_timeouts"] == 1 and m["group/fp8/reward_timeouts"] == 1
+        assert m["group/bf16/reward_timeouts"] == 0 and m["reward/chars"] == 0.5
+        assert src.metrics(trajs) == {}  # read once
+    finally:
+        src.close()
+
+
+def test_bad_dataset_options_fail_at_config_load(rows, tmp_path):
+    def load(**options):
+        entry = json.dumps({"env": "dataset", "options": options})
+        return load_config(None, ["tasks.env=mix", f"tasks.mix=[{entry}]"])
+
+    assert load(path=str(rows), reward="math").tasks.mix[0].options["reward"] == "math"
+    for options, message in [({"reward": "math"}, "options.path is required"),
+                             ({"path": str(tmp_path / "x.jsonl")}, "does not exist"),
+                             ({"path": str(rows.with_suffix(".csv"))}, "not .jsonl or .parquet"),
+                             ({"path": str(rows), "reward": "no colon"}, "package.module:function"),
+                             ({"path": str(rows), "rewrad": "math"}, "unknown options")]:
+        with pytest.raises(ConfigError, match=message):
+            load(**options)
+    with pytest.raises(ValueError, match="no column 'prompt'"):
+        make_env("dataset", char_tokenizer(), path=str(rows))
+
+
+def test_parquet_and_message_lists(tmp_path, model_dir):
+    import datasets
+
+    path = tmp_path / "chat.parquet"
+    row = {"messages": [{"role": "user", "content": "hello"}], "answer": "x"}
+    datasets.Dataset.from_list([row]).to_parquet(path)
+    env = make_env("dataset", load_tokenizer(model_dir), path=str(path), prompt_key="messages")
+    try:
+        with env.start(env.sample_task_at(np.random.default_rng(0), "t0", 0)) as ep:
+            text = env.tokenizer.decode(ep.prompt, skip_special_tokens=False)
+            assert "<|im_start|>user\nhello<|im_end|>" in text
+    finally:
+        env.close()
