@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from convert.formats import FORMATS
+from convert.formats import ENGINES, FORMATS
 
 EXIT_ERROR = 1
 
@@ -115,7 +115,8 @@ def _export(src: str, out: str, fmt: str, args: argparse.Namespace, label: str) 
     with _progress(label, _count_tensors(source.hf_config), not args.quiet) as advance:
         path = export_hf(source.open(), source.hf_config, out, fmt,
                          copy_files_from=source.files_dir, max_shard_bytes=args.max_shard_bytes,
-                         overwrite=args.overwrite, progress=advance, kv_scales=kv_scales)
+                         overwrite=args.overwrite, progress=advance, kv_scales=kv_scales,
+                         engines=args.engines, strict=args.strict)
     _console().print(f"wrote {fmt} export {path}", soft_wrap=True)
     return 0
 
@@ -274,6 +275,16 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--max-shard-bytes", type=int, default=2 * 1024**3,
                        help="maximum safetensors shard size in bytes (default 2 GiB)")
 
+    def serving_shapes(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--engines", choices=ENGINES, default="serving",
+                       help="serving (default): a projection whose shape the format's serving "
+                            "kernels refuse stays bf16 and is listed in the config's ignore "
+                            "lists; mixrl: quantize every projection (partial edge blocks, "
+                            "loaded by the mixrl engine only)")
+        p.add_argument("--strict", action="store_true",
+                       help="refuse (one line naming the tensor and the rule) instead of "
+                            "keeping an unservable projection in bf16")
+
     def kv_calibration(p: argparse.ArgumentParser) -> None:
         p.add_argument("--kv-calibration", metavar="IDS",
                        help="token ids [B, T] (.npy or JSON) to calibrate per-layer FP8 KV-cache "
@@ -302,6 +313,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "whose tokenizer files are then taken from that directory)")
     p.add_argument("--step", type=int, help="training checkpoint step (default: latest)")
     shard_size(p)
+    serving_shapes(p)
     common_write(p)
     p.set_defaults(func=cmd_export)
 
@@ -312,6 +324,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", required=True, choices=formats)
     p.add_argument("--out", required=True, metavar="DIR")
     shard_size(p)
+    serving_shapes(p)
     kv_calibration(p)
     common_write(p)
     p.set_defaults(func=cmd_quantize)

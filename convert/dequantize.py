@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from convert.formats import Codec, detect_format, is_quantized_weight, module_of
+from convert.formats import Codec, detect_format, module_of, stores_quantized
 from convert.formats.numerics import load_f32
 from convert.hf_checkpoint import HFCheckpoint
 from convert.qwen3_config import Qwen3Config, hf_tensor_shapes
@@ -21,7 +21,7 @@ from convert.qwen3_config import Qwen3Config, hf_tensor_shapes
 
 def read_tensor(ckpt: HFCheckpoint, codec: Codec, name: str) -> tuple[np.ndarray, dict]:
     """``(float32 value, {suffix: stored part})`` of HF tensor ``name`` in ``ckpt``."""
-    if is_quantized_weight(name) and codec.name != "bf16":
+    if stores_quantized(name, ckpt.config):
         prefix = module_of(name)
         parts = {s: ckpt.get(f"{prefix}.{s}") for s in codec.parts}
         return codec.dequantize(parts), parts

@@ -26,7 +26,14 @@ from pathlib import Path
 import numpy as np
 
 from convert.atomic import atomic_directory
-from convert.formats import Codec, get_codec, is_quantized_weight, module_of, unquantized_modules
+from convert.formats import (
+    Codec,
+    get_codec,
+    is_quantized_weight,
+    module_of,
+    shape_exclusions,
+    unquantized_modules,
+)
 from convert.formats.numerics import QuantizationError, check_finite, to_bf16
 from convert.hf_checkpoint import DEFAULT_MAX_SHARD_BYTES, write_hf_checkpoint
 from convert.manifest import write_manifest
@@ -51,13 +58,25 @@ def kv_scale_names(layer: int) -> tuple[str, str]:
     return f"{p}.k_scale", f"{p}.v_scale"
 
 
-def output_config(hf_config: Mapping, codec: Codec, *, kv_cache_fp8: bool = False) -> dict:
+def ignore_list(cfg: Qwen3Config, kept: Mapping[str, str] | None = None) -> list[str]:
+    """Modules an export leaves in bf16: the never-quantized ones plus ``kept`` projections
+    (``shape_exclusions``), in model order."""
+    names = unquantized_modules(cfg)
+    return names + sorted(kept or (), key=_model_order)
+
+
+def _model_order(module: str) -> tuple:
+    return tuple(int(p) if p.isdigit() else p for p in module.split("."))
+
+
+def output_config(hf_config: Mapping, codec: Codec, *, kv_cache_fp8: bool = False,
+                  kept: Mapping[str, str] | None = None) -> dict:
     """The ``config.json`` of an export: the model config plus the format's block."""
     cfg = Qwen3Config.from_hf_dict(dict(hf_config))
     out = cfg.to_hf_dict()
     out.pop("quantization_config", None)
     out["torch_dtype"] = out["dtype"] = "bfloat16"
-    qc = codec.quantization_config(unquantized_modules(cfg), kv_cache_fp8=kv_cache_fp8)
+    qc = codec.quantization_config(ignore_list(cfg, kept), kv_cache_fp8=kv_cache_fp8)
     if qc is not None:
         out["quantization_config"] = qc
     return out
@@ -92,14 +111,17 @@ def checked_tensors(tensors: Tensors, cfg: Qwen3Config) -> Iterator[tuple[str, n
 def convert_tensors(tensors: Tensors, cfg: Qwen3Config, codec: Codec, *,
                     kv_scales: Mapping[int, tuple[float, float]] | None = None,
                     input_amax: Mapping[str, float] | None = None,
-                    progress: ProgressFn | None = None) -> Iterator[tuple[str, np.ndarray]]:
+                    progress: ProgressFn | None = None,
+                    kept: Mapping[str, str] | None = None) -> Iterator[tuple[str, np.ndarray]]:
     """Yield the export's tensors for each source tensor (names and shapes checked).
 
     ``kv_scales`` maps layer -> (k_scale, v_scale); ``input_amax`` maps a module name to its
-    calibrated activation max (used by nvfp4's ``input_scale``).
+    calibrated activation max (used by nvfp4's ``input_scale``); ``kept``: projections written
+    in bf16 (``shape_exclusions``).
     """
+    kept = kept or {}
     for name, arr in checked_tensors(tensors, cfg):
-        if is_quantized_weight(name) and codec.name != "bf16":
+        if is_quantized_weight(name) and codec.name != "bf16" and module_of(name) not in kept:
             kwargs = {}
             if input_amax and module_of(name) in input_amax:
                 kwargs["input_amax"] = input_amax[module_of(name)]
@@ -175,11 +197,15 @@ def export_hf(tensors: Tensors, hf_config: Mapping, out_dir: str | os.PathLike, 
               max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES, overwrite: bool = False,
               kv_scales: Mapping[int, tuple[float, float]] | None = None,
               input_amax: Mapping[str, float] | None = None,
-              progress: ProgressFn | None = None, metadata: Mapping | None = None) -> Path:
+              progress: ProgressFn | None = None, metadata: Mapping | None = None,
+              engines: str = "serving", strict: bool = False) -> Path:
     """Write ``tensors`` as an HF directory in format ``fmt`` at ``out_dir``, atomically.
 
-    Returns ``out_dir``. On any error (bad tensor, NaN/Inf, I/O) nothing is left behind and an
-    existing ``out_dir`` (with ``overwrite``) is untouched.
+    ``engines="serving"``: projections whose shape the format's serving kernels refuse stay bf16
+    and are listed in the config's ignore lists (``strict``: refuse with ``ShapeRuleError``
+    instead); ``"mixrl"``: every projection in ``fmt`` (partial edge blocks, for this project's
+    engine only). Returns ``out_dir``. On any error (bad tensor, NaN/Inf, I/O) nothing is left
+    behind and an existing ``out_dir`` (with ``overwrite``) is untouched.
     """
     codec = get_codec(fmt)
     src = dict(hf_config)
@@ -187,8 +213,9 @@ def export_hf(tensors: Tensors, hf_config: Mapping, out_dir: str | os.PathLike, 
         raise ExportError("the source config already has a quantization_config; export from "
                           "full-precision weights")
     cfg = Qwen3Config.from_hf_dict(src)
-    config = output_config(src, codec, kv_cache_fp8=bool(kv_scales))
-    extra = codec.extra_files(unquantized_modules(cfg), kv_cache_fp8=bool(kv_scales))
+    kept = shape_exclusions(cfg, codec, engines=engines, strict=strict)
+    config = output_config(src, codec, kv_cache_fp8=bool(kv_scales), kept=kept)
+    extra = codec.extra_files(ignore_list(cfg, kept), kv_cache_fp8=bool(kv_scales))
     out_dir = Path(out_dir)
     started = time.time()
     # Shards are hashed while they are written (write_file feeds a hasher on a second thread):
@@ -200,7 +227,7 @@ def export_hf(tensors: Tensors, hf_config: Mapping, out_dir: str | os.PathLike, 
             digests.append(sha256)
 
         stream = convert_tensors(tensors, cfg, codec, kv_scales=kv_scales, input_amax=input_amax,
-                                 progress=progress)
+                                 progress=progress, kept=kept)
         # The stage directory exists (empty); write_hf_checkpoint builds its own temp beside it
         # and swaps it in, then the manifest is added and the whole stage is renamed to out_dir.
         fetched = prefetch(stream)
@@ -211,6 +238,8 @@ def export_hf(tensors: Tensors, hf_config: Mapping, out_dir: str | os.PathLike, 
         finally:
             fetched.close()  # on error: stop the producer thread now, not at garbage collection
         known = {shard_name(i + 1, len(digests)): d for i, d in enumerate(digests)}
+        if kept:  # why each bf16 projection is there, for people reading the manifest
+            metadata = {**dict(metadata or {}), "kept_bf16": dict(kept)}
         write_manifest(stage, known=known, format=codec.name, model_type=cfg.model_type,
                        created_unix=round(started, 3), **dict(metadata or {}))
     return out_dir

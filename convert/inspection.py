@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from convert.dequantize import read_tensor
-from convert.formats import detect_format, is_quantized_weight
+from convert.formats import detect_format, stores_quantized
 from convert.hf_checkpoint import HFCheckpoint
 from convert.qwen3_config import Qwen3Config, hf_tensor_shapes
 
@@ -47,7 +47,7 @@ def iter_stats(path: str | os.PathLike,
     cfg = Qwen3Config.from_hf_dict(ckpt.config)
     for name in hf_tensor_shapes(cfg):
         value, parts = read_tensor(ckpt, codec, name)
-        if is_quantized_weight(name) and codec.name != "bf16":
+        if stores_quantized(name, ckpt.config):
             stored = f"{codec.name} ({parts['weight'].dtype})"
         else:
             stored = str(parts["weight"].dtype)

@@ -310,7 +310,7 @@ def publish(params_or_checkpoint, config: Mapping | Qwen3Config | None, out_root
             input_amax: Mapping[str, float] | None = None,
             progress: PublishProgress | None = None, delta: bool = False, full_every: int = 10,
             cache_dir: str | os.PathLike | None = None,
-            report: dict | None = None) -> dict[str, Path | str]:
+            report: dict | None = None, engines: str = "serving") -> dict[str, Path | str]:
     """Publish weights as ``out_root/v{version:08d}/{format}/``; return ``{format: path}``.
 
     ``params_or_checkpoint``: a callable returning an iterator of ``(hf_name, float array)``
@@ -339,7 +339,8 @@ def publish(params_or_checkpoint, config: Mapping | Qwen3Config | None, out_root
         raise FileExistsError(f"{store.root}/{name} already exists")
     export_kwargs = dict(copy_files_from=tokenizer_dir or source.files_dir,
                          max_shard_bytes=max_shard_bytes, kv_scales=kv_scales,
-                         input_amax=input_amax, metadata={"version": version})
+                         input_amax=input_amax, metadata={"version": version},
+                         engines=engines)  # see export_hf: serving shapes, or "mixrl" only
     cache = Path(cache_dir) if cache_dir is not None else _default_cache(store)
     local_parent = store.local if store.local is not None else cache.parent
     local_parent.mkdir(parents=True, exist_ok=True)

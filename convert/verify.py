@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from convert.formats import detect_format, is_quantized_weight, module_of
+from convert.formats import detect_format, excluded_modules, module_of, stores_quantized
 from convert.formats.numerics import BF16
 from convert.hf_checkpoint import CONFIG_NAME, CheckpointError, HFCheckpoint
 from convert.manifest import check_manifest
@@ -100,8 +100,9 @@ def verify_dir(path: str | os.PathLike, *, manifest: bool = True,
 
     wmap = ckpt._weight_map  # name -> file, to name the file in each finding
     expected: dict[str, tuple[set[np.dtype] | np.dtype, tuple[int, ...]]] = {}
+    excluded = excluded_modules(config)  # projections a mixed export keeps in bf16
     for name, shape in hf_tensor_shapes(cfg).items():
-        if is_quantized_weight(name) and codec.name != "bf16":
+        if stores_quantized(name, config, excluded):
             for suffix, (dtype, part_shape) in codec.tensor_specs(shape).items():
                 expected[f"{module_of(name)}.{suffix}"] = (dtype, part_shape)
         else:

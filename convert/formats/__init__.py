@@ -15,7 +15,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from convert.formats.base import Codec, is_quantized_weight, module_of, unquantized_modules
+from convert.formats.base import (
+    ENGINES,
+    Codec,
+    ShapeRuleError,
+    excluded_modules,
+    is_quantized_weight,
+    module_of,
+    shape_exclusions,
+    stores_quantized,
+    unquantized_modules,
+)
 from convert.formats.bf16 import BF16Codec
 from convert.formats.fp8_block import FP8BlockCodec
 from convert.formats.mxfp4 import MXFP4Codec
@@ -49,5 +59,7 @@ def detect_format(config: Mapping) -> Codec:
                              f"({', '.join(FORMATS)})")
 
 
-__all__ = ["FORMATS", "Codec", "QuantizationError", "UnknownFormatError", "detect_format",
-           "get_codec", "is_quantized_weight", "module_of", "unquantized_modules"]
+__all__ = ["ENGINES", "FORMATS", "Codec", "QuantizationError", "ShapeRuleError",
+           "UnknownFormatError", "detect_format", "excluded_modules", "get_codec",
+           "is_quantized_weight", "module_of", "shape_exclusions", "stores_quantized",
+           "unquantized_modules"]

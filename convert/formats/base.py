@@ -9,6 +9,13 @@ shape (``tensor_specs``, used by ``verify``), and writes the ``quantization_conf
 Only the projection weights of attention and MLP/expert blocks are quantized. Embeddings,
 ``lm_head``, every norm and the MoE router (``mlp.gate``) stay in bf16; ``unquantized_modules``
 lists them by module name for the configs' ignore lists.
+
+Serving kernels accept only some shapes (``Codec.serving_multiple``: block FP8 both dimensions
+multiples of 128, NVFP4 the input dimension a multiple of 16, MXFP4 of 32). ``shape_exclusions``
+says which projections a format cannot serve: those stay bf16 and join the ignore lists, so every
+loader that claims the format loads the export (``strict`` refuses instead). Members of a fused
+projection (q/k/v, gate/up) are kept together: vLLM and SGLang refuse a fused layer whose shards
+disagree on quantization.
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from convert.qwen3_config import Qwen3Config
+from convert.qwen3_config import Qwen3Config, hf_tensor_shapes
 
 # Projection weights that a format quantizes (dense MLP, attention, and per-expert MLP).
 _QUANTIZED = re.compile(
@@ -28,6 +35,20 @@ _QUANTIZED = re.compile(
 )
 
 TensorSpec = tuple[np.dtype, tuple[int, ...]]
+
+#: ``engines`` values: "serving" applies the serving kernels' shape rules (SGLang, vLLM,
+#: transformers); "mixrl" only what this project's engine needs (it handles partial blocks).
+ENGINES = ("serving", "mixrl")
+#: quantization_config keys under which loaders read the modules left unquantized
+#: (transformers ``modules_to_not_convert``, vLLM/SGLang fp8 ``ignored_layers``, ModelOpt
+#: ``exclude_modules``, compressed-tensors / SGLang ``ignore``)
+IGNORE_KEYS = ("modules_to_not_convert", "ignored_layers", "exclude_modules", "ignore")
+# q/k/v and gate/up are fused into one GEMM by vLLM and SGLang: the group key without the member.
+_FUSED = re.compile(r"\.(?:self_attn\.([qkv])_proj|mlp\.(?:experts\.\d+\.)?(gate|up)_proj)$")
+
+
+class ShapeRuleError(ValueError):
+    """``strict``: a projection whose shape the format's serving kernels cannot take."""
 
 
 def is_quantized_weight(name: str) -> bool:
@@ -60,12 +81,83 @@ def unquantized_modules(cfg: Qwen3Config) -> list[str]:
     return names
 
 
+def _fused_key(module: str) -> str:
+    m = _FUSED.search(module)
+    if not m:
+        return module
+    return module.rsplit(".", 1)[0] + (".qkv" if m.group(1) else ".gate_up")
+
+
+def shape_exclusions(cfg: Qwen3Config, codec: Codec, *, engines: str = "serving",
+                     strict: bool = False) -> dict[str, str]:
+    """``{module: reason}`` of the projections that stay bf16 in a ``codec`` export.
+
+    ``engines="mixrl"``: none (this project's engine takes any shape the codec can encode).
+    ``strict``: raise ``ShapeRuleError`` naming the first tensor and the rule instead.
+    """
+    if engines not in ENGINES:
+        raise ValueError(f"engines must be one of {', '.join(ENGINES)}, got {engines!r}")
+    if engines == "mixrl" or codec.name == "bf16":
+        return {}
+    bad: dict[str, str] = {}  # fused group key -> reason
+    groups: dict[str, list[str]] = {}
+    for name, shape in hf_tensor_shapes(cfg).items():
+        if not is_quantized_weight(name):
+            continue
+        module = module_of(name)
+        key = _fused_key(module)
+        groups.setdefault(key, []).append(module)
+        rule = codec.serving_rule(shape)
+        if rule is not None and key not in bad:
+            reason = f"{name} {list(shape)}: {rule}"
+            if strict:
+                raise ShapeRuleError(f"{reason} (--strict; without it the linear stays bf16 and "
+                                     "is listed in the quantization config's ignore lists)")
+            bad[key] = reason
+    return {m: reason for key, reason in bad.items() for m in groups[key]}
+
+
+def excluded_modules(config: Mapping) -> set[str]:
+    """Module names an HF ``config.json`` dict's ``quantization_config`` leaves unquantized."""
+    qc = config.get("quantization_config") or {}
+    out: set[str] = set()
+    for key in IGNORE_KEYS:
+        out.update(qc.get(key) or ())
+    return out
+
+
+def stores_quantized(name: str, config: Mapping, excluded: set[str] | None = None) -> bool:
+    """Whether HF tensor ``name`` is stored in the format's parts in a checkpoint with ``config``
+    (a projection weight, the config quantized, its module not in the ignore lists).
+    ``excluded``: ``excluded_modules(config)``, when the caller asks many times."""
+    if not is_quantized_weight(name) or not config.get("quantization_config"):
+        return False
+    return module_of(name) not in (excluded_modules(config) if excluded is None else excluded)
+
+
 class Codec(abc.ABC):
     """One weight format. Subclasses are stateless; the registry holds one instance each."""
 
     name: str
     #: suffixes (after ``<module>.``) of the tensors ``quantize`` returns, in writing order
     parts: tuple[str, ...]
+    #: (out, in) multiples the serving kernels need; 1 = no constraint
+    serving_multiple: tuple[int, int] = (1, 1)
+    #: why, for the one-line refusal (the kernels that need it)
+    serving_reason: str = ""
+
+    def serving_rule(self, shape: tuple[int, ...]) -> str | None:
+        """The rule a ``[out, in]`` weight breaks for the serving kernels, or ``None``."""
+        m_out, m_in = self.serving_multiple
+        if shape[0] % m_out == 0 and shape[1] % m_in == 0:
+            return None
+        if m_out > 1 and m_in > 1:
+            need = f"both dimensions multiples of {m_in}" if m_out == m_in else \
+                f"out a multiple of {m_out} and in of {m_in}"
+        else:
+            need = f"the input dimension a multiple of {m_in}" if m_in > 1 else \
+                f"the output dimension a multiple of {m_out}"
+        return f"{self.name} needs {need} ({self.serving_reason})"
 
     @abc.abstractmethod
     def quantize(self, w: np.ndarray, *, what: str = "tensor") -> dict[str, np.ndarray]:

@@ -18,10 +18,11 @@ block, whose codes are then exactly zero), ``weight = e4m3(B / s)`` with round-t
 
     "quantization_config": {"quant_method": "fp8", "fmt": "e4m3",
       "activation_scheme": "dynamic", "weight_block_size": [128, 128],
-      "modules_to_not_convert": [...]}
+      "modules_to_not_convert": [...], "ignored_layers": [...]}
 
-``modules_to_not_convert`` is what transformers' FineGrainedFP8 reads, and SGLang's/vLLM's
-``Fp8Config`` fall back to it when ``ignored_layers`` is absent. Loaded by SGLang/vLLM (block
+``modules_to_not_convert`` is what transformers' FineGrainedFP8 reads, ``ignored_layers`` what
+SGLang's/vLLM's ``Fp8Config`` read (the same list). Serving shapes: both dimensions multiples of
+128 (``convert.formats.base.shape_exclusions`` keeps other projections in bf16). Loaded by SGLang/vLLM (block
 FP8 GEMM on Hopper+, Marlin on Ampere) and by transformers (dequantized to bf16 on CPU).
 """
 
@@ -57,6 +58,9 @@ def _ceil_div(a: int, b: int) -> int:
 class FP8BlockCodec(Codec):
     name = "fp8_block"
     parts = ("weight", "weight_scale_inv")
+    serving_multiple = (BLOCK, BLOCK)
+    serving_reason = ("vLLM/SGLang block-FP8 layers need whole 128x128 blocks per fused shard; "
+                      "transformers splits the weight evenly over its scale grid")
 
     def quantize(self, w: np.ndarray, *, what: str = "tensor") -> dict[str, np.ndarray]:
         w = as_matrix(w, what)
@@ -112,7 +116,8 @@ class FP8BlockCodec(Codec):
 
     def quantization_config(self, ignore: list[str], *, kv_cache_fp8: bool = False) -> dict:
         return {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
-                "weight_block_size": [BLOCK, BLOCK], "modules_to_not_convert": list(ignore)}
+                "weight_block_size": [BLOCK, BLOCK], "modules_to_not_convert": list(ignore),
+                "ignored_layers": list(ignore)}
 
     @classmethod
     def matches(cls, quantization_config: Mapping | None) -> bool:

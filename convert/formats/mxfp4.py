@@ -45,6 +45,8 @@ E2M1_EMAX = 2
 class MXFP4Codec(Codec):
     name = "mxfp4"
     parts = ("weight", "weight_scale")
+    serving_multiple = (1, GROUP)
+    serving_reason = "MXFP4 kernels (and gpt-oss' _blocks layout) take whole 32-blocks"
 
     def quantize(self, w: np.ndarray, *, what: str = "tensor") -> dict[str, np.ndarray]:
         w = as_matrix(w, what)

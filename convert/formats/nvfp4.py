@@ -68,6 +68,8 @@ PRODUCER = {"name": "modelopt", "version": "0.29.0", "note": "written by mixrl c
 class NVFP4Codec(Codec):
     name = "nvfp4"
     parts = ("weight", "weight_scale", "weight_scale_2", "input_scale")
+    serving_multiple = (1, GROUP)
+    serving_reason = "the NVFP4 GEMMs of vLLM/SGLang (CUTLASS, FlashInfer) take whole 16-groups"
 
     def quantize(self, w: np.ndarray, *, what: str = "tensor",
                  input_amax: float | None = None) -> dict[str, np.ndarray]:

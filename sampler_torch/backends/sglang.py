@@ -43,18 +43,23 @@ Greedy (temperature 0) follows SGLang: top_k = 1 at temperature 1.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import shutil
-import socket
 import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Sequence
 
+from sampler_torch.backends.http_server import (
+    ServerError,
+    as_version,
+    free_port,
+    request_json,
+    start_server,
+    stop_server,
+    token_versions,
+    wait_healthy,
+)
 from sampler_torch.engine.params import Completion, SamplingParams, per_request
 from sampler_torch.recipes import Recipe, RecipeError, WeightLoadError, get_recipe, verify_export
 
@@ -65,7 +70,7 @@ KV_CACHE_DTYPE = {"auto": "auto", "bf16": "bf16", "fp8_e4m3": "fp8_e4m3",
                   "fp8_e5m2": "fp8_e5m2"}
 
 
-class SGLangError(RuntimeError):
+class SGLangError(ServerError):
     """The server refused a request, answered something malformed, or is not reachable."""
 
 
@@ -84,13 +89,6 @@ def server_args(recipe: Recipe) -> list[str]:
     return args
 
 
-def _version(value, fallback: int) -> int:
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return fallback  # a server started without --weight-version says "default"
-
-
 class SGLangBackend:
     """``SGLangBackend(url)`` for a running server, or ``SGLangBackend.launch(model_dir, recipe)``.
 
@@ -100,8 +98,11 @@ class SGLangBackend:
 
     def __init__(self, url: str, *, recipe: str | Recipe = "bf16", version: int = 0,
                  timeout: float = 600.0, support_logprobs_num: int = 256,
-                 native_sampling_mask: bool = True, process: subprocess.Popen | None = None):
+                 native_sampling_mask: bool = True, process: subprocess.Popen | None = None,
+                 model_dir: str | os.PathLike | None = None):
         self.url = url.rstrip("/")
+        #: the export the server holds (tokenizer files for environments); None if unknown
+        self.model_dir = model_dir
         self.recipe = get_recipe(recipe)
         self.version = version
         self.timeout = timeout
@@ -119,40 +120,24 @@ class SGLangBackend:
         """Start ``python -m sglang.launch_server`` for ``recipe`` on ``model_dir`` and wait for it."""
         recipe = get_recipe(recipe)
         verify_export(model_dir, require_manifest=False)
-        if port is None:
-            with socket.socket() as s:
-                s.bind((host, 0))
-                port = s.getsockname()[1]
+        port = port or free_port(host)
         cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model_dir),
                "--host", host, "--port", str(port), "--skip-tokenizer-init",
                "--weight-version", str(version), *server_args(recipe), *extra_args]
-        log = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        proc = start_server(cmd, log_path=log_path)
         backend = cls(f"http://{host}:{port}", recipe=recipe, version=version, process=proc,
-                      **kwargs)
-        deadline = time.monotonic() + startup_timeout
-        while True:
-            if proc.poll() is not None:
-                raise SGLangError(f"sglang server exited with {proc.returncode} during startup "
-                                  f"({' '.join(cmd)})")
-            try:
-                backend._request("GET", "/health", None, timeout=5)
-                return backend
-            except SGLangError:
-                if time.monotonic() > deadline:
-                    backend.close()
-                    raise SGLangError(f"sglang server not healthy after {startup_timeout}s") from None
-                time.sleep(2)
+                      model_dir=model_dir, **kwargs)
+        try:
+            wait_healthy(lambda: backend._request("GET", "/health", None, timeout=5), proc,
+                         "sglang server", startup_timeout, SGLangError)
+        except BaseException:
+            backend.close()
+            raise
+        return backend
 
     def close(self) -> None:
         """Stop a server this backend launched (a server given by URL is left alone)."""
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop_server(self.process)
         self.process = None
 
     def __enter__(self) -> SGLangBackend:
@@ -165,25 +150,8 @@ class SGLangBackend:
 
     def _request(self, method: str, path: str, body: dict | None, *,
                  timeout: float | None = None):
-        data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(self.url + path, data=data, method=method,
-                                     headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(req, timeout=timeout or self.timeout) as resp:
-                raw = resp.read()
-        except urllib.error.HTTPError as e:
-            detail = e.read().decode(errors="replace")[:2000]
-            raise SGLangError(f"{method} {path}: HTTP {e.code}: {detail}") from None
-        except (urllib.error.URLError, OSError) as e:
-            raise SGLangError(f"{method} {path}: {self.url} unreachable ({e})") from None
-        if not raw:
-            return None
-        try:
-            return json.loads(raw)
-        except json.JSONDecodeError:
-            if path == "/health":
-                return None
-            raise SGLangError(f"{method} {path}: response is not JSON: {raw[:200]!r}") from None
+        return request_json(self.url, method, path, body, timeout=timeout or self.timeout,
+                            error=SGLangError)
 
     # ------------------------------------------------------------------ weights
 
@@ -206,6 +174,7 @@ class SGLangBackend:
             raise WeightLoadError(f"sglang refused {model_dir}: "
                                   f"{(out or {}).get('message', out)}")
         self.version = int(version)
+        self.model_dir = model_dir
 
     # ------------------------------------------------------------------ generation
 
@@ -346,16 +315,8 @@ class SGLangBackend:
         return ids, [v - log_mass for v, _ in kept]
 
     def _versions(self, meta: dict, n: int) -> list[int]:
-        spans = meta.get("weight_versions")
-        single = _version(meta.get("weight_version"), self.version)
-        if not spans:
-            return [single] * n
-        versions = [single] * n
-        for span in spans:
-            v = _version(span.get("version"), single)
-            for t in range(max(0, int(span["start"])), min(n, int(span["end"]))):
-                versions[t] = v
-        return versions
+        single = as_version(meta.get("weight_version"), self.version)
+        return token_versions(meta.get("weight_versions"), single, n)
 
 
 def sglang_available() -> bool:

@@ -4,7 +4,9 @@ The export must be in the recipe's weight format (its ``config.json`` ``quantiza
 says which, ``convert.formats.detect_format``). Unquantized tensors (embeddings, lm_head, norms,
 router) are cast to the compute dtype; each quantized projection's tensors are checked against
 the codec's ``tensor_specs`` and become the recipe's module (``sampler_torch.recipes.linear``).
-Every check happens before the model is returned, so a bad export raises and nothing changes.
+Projections a mixed export lists in its ignore lists (``convert.formats.shape_exclusions``) are
+bf16 there and become plain linears in the compute dtype. Every check happens before the model
+is returned, so a bad export raises and nothing changes.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from convert.formats import detect_format, is_quantized_weight, module_of
+from convert.formats import detect_format, excluded_modules, module_of, stores_quantized
 from convert.formats.base import Codec
 from convert.hf_checkpoint import HFCheckpoint
 from convert.manifest import check_manifest, read_manifest
@@ -88,7 +90,10 @@ def _load(ckpt: HFCheckpoint, codec: Codec, recipe: Recipe, device) -> tuple[
         Qwen3ForCausalLM, Qwen3Config]:
     cfg = Qwen3Config.from_hf_dict(ckpt.config)
     shapes = hf_tensor_shapes(cfg)
-    quantized = {n for n in shapes if is_quantized_weight(n)} if codec.name != "bf16" else set()
+    # A mixed export keeps the projections its format cannot serve in bf16 and lists them in
+    # the quantization config's ignore lists: those load as plain linears.
+    excluded = excluded_modules(ckpt.config)
+    quantized = {n for n in shapes if stores_quantized(n, ckpt.config, excluded)}
     expected = {n for n in shapes if n not in quantized}
     for name in quantized:
         expected |= {f"{module_of(name)}.{suffix}" for suffix in codec.parts}

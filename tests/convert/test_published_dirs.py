@@ -23,7 +23,7 @@ def published(tmp_path_factory):
     params = {n: (rng.standard_normal(s) * 0.02).astype(ml_dtypes.bfloat16)
               for n, s in hf_tensor_shapes(CFG).items()}
     root = tmp_path_factory.mktemp("pub") / "weights"
-    paths = publish(params, CFG, root, 12, FORMATS)
+    paths = publish(params, CFG, root, 12, FORMATS, engines="mixrl")  # tiny: all quantized
     return root, paths["bf16"].parent
 
 

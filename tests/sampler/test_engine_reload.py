@@ -19,7 +19,7 @@ NAME = "dense_untied_gqa4"
 
 def _export(src, out, fmt="bf16"):
     ckpt = HFCheckpoint(src)
-    return export_hf(ckpt.tensors(), ckpt.config, out, fmt)
+    return export_hf(ckpt.tensors(), ckpt.config, out, fmt, engines="mixrl")
 
 
 @pytest.fixture(scope="module")

@@ -42,7 +42,7 @@ MEASURE_CONFIG = dict(vocab_size=256, hidden_size=128, intermediate_size=320, nu
 
 def _export(src, out, fmt, **kwargs):
     ckpt = HFCheckpoint(src)
-    return export_hf(ckpt.tensors(), ckpt.config, out, fmt, **kwargs)
+    return export_hf(ckpt.tensors(), ckpt.config, out, fmt, **{"engines": "mixrl", **kwargs})
 
 
 @pytest.fixture(scope="module")
