@@ -8,6 +8,9 @@ directory at ``/work``. So:
 - no network: the namespace has only a loopback device, and it is down;
 - no access outside the episode directory: the rest of the host filesystem is not mounted, system
   directories are read-only, and ``nobody`` cannot remount them;
+- no privilege to gain: every mount is ``nosuid`` (and ``nodev`` but ``/dev/null``), the command
+  starts with ``no_new_privs`` set and an empty capability bounding set (``setpriv``), so the
+  host's setuid-root binaries (``mount``, ``su``, ``passwd`` ...) run with the caller's uid;
 - bounded time (wall clock, enforced by killing the namespace's init), CPU seconds, address
   space, file size and process count (rlimits), and output (the reader stops and kills the
   command after ``max_output_bytes``).
@@ -36,20 +39,22 @@ _SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "etc/alternatives
 _SETUP = r"""
 set -eu
 mount --make-rprivate /
-mount -t tmpfs -o size=1m,mode=755 tmpfs "$JAIL"
+mount -t tmpfs -o size=1m,mode=755,nosuid,nodev tmpfs "$JAIL"
 for d in $SYSTEM_DIRS; do
   if [ -L "/$d" ]; then
     mkdir -p "$JAIL/$(dirname "$d")"; ln -s "$(readlink "/$d")" "$JAIL/$d"
   elif [ -d "/$d" ]; then
-    mkdir -p "$JAIL/$d"; mount --rbind "/$d" "$JAIL/$d"; mount -o remount,bind,ro "$JAIL/$d"
+    mkdir -p "$JAIL/$d"; mount --rbind "/$d" "$JAIL/$d"; mount -o remount,bind,ro,nosuid,nodev "$JAIL/$d"
   fi
 done
 mkdir -p "$JAIL/work" "$JAIL/dev" "$JAIL/proc"
-mount --bind "$WORK" "$JAIL/work"
+mount --bind "$WORK" "$JAIL/work"; mount -o remount,bind,nosuid,nodev "$JAIL/work"
 touch "$JAIL/dev/null"; mount --bind /dev/null "$JAIL/dev/null"
-mount -t proc proc "$JAIL/proc"
-mount -o remount,ro "$JAIL"
-exec chroot --userspec=65534:65534 "$JAIL" /bin/sh -c 'cd /work && exec /bin/sh -c "$0"' "$CMD"
+mount -o remount,bind,nosuid,noexec "$JAIL/dev/null"
+mount -t proc -o nosuid,nodev,noexec proc "$JAIL/proc"
+mount -o remount,ro,nosuid,nodev "$JAIL"
+exec chroot "$JAIL" setpriv --reuid=65534 --regid=65534 --clear-groups --no-new-privs \
+  --inh-caps=-all --bounding-set=-all -- /bin/sh -c 'cd /work && exec /bin/sh -c "$0"' "$CMD"
 """
 
 
@@ -78,8 +83,8 @@ class SandboxResult:
 
 @functools.cache
 def sandbox_available() -> bool:
-    """Whether namespaces can be created here (root, ``unshare`` and ``chroot`` present)."""
-    if os.geteuid() != 0 or not all(shutil.which(c) for c in ("unshare", "chroot", "prlimit")):
+    """Whether namespaces can be created here (root; ``unshare``, ``chroot``, ``setpriv`` present)."""
+    if os.geteuid() != 0 or not all(shutil.which(c) for c in ("unshare", "chroot", "prlimit", "setpriv")):
         return False
     probe = subprocess.run(["unshare", "--net", "--mount", "--pid", "--fork", "true"],
                            capture_output=True, timeout=10)

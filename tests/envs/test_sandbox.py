@@ -2,6 +2,7 @@
 
 import os
 import socket
+import time
 
 import pytest
 
@@ -74,3 +75,45 @@ def test_directory_removed_on_close():
     assert not d.exists()
     with pytest.raises(ValueError, match="outside"):
         Sandbox().write_file("../escape", "x")
+
+
+# --- model-written code: no privilege to gain, limits that hold, nothing writable but /work
+
+
+def test_setuid_binaries_gain_nothing(sandbox):
+    r = sandbox.run("grep -E '^(NoNewPrivs|CapBnd|CapEff|Uid)' /proc/self/status; "
+                    "awk '{print $5, $6}' /proc/self/mountinfo; "
+                    "/usr/bin/mount -t tmpfs none /work 2>&1 | head -1; echo mount=$?; id -u")
+    lines = r.output.splitlines()
+    assert "NoNewPrivs:\t1" in lines and "CapBnd:\t0000000000000000" in lines
+    assert "CapEff:\t0000000000000000" in lines and lines[-1] == "65534"
+    mounts = [ln for ln in lines if ln.startswith("/")]
+    assert mounts and all("nosuid" in opts for _, opts in (m.split(" ", 1) for m in mounts)), mounts
+    # The setuid-root mount(8) runs, but as nobody: the mount is refused.
+    assert not (sandbox.workdir / "lost+found").exists()
+    assert any(w in r.output for w in ("only root", "must be superuser", "permission denied",
+                                        "Operation not permitted"))
+
+
+def test_nothing_outside_work_is_writable():
+    with Sandbox(SandboxLimits(wall_seconds=30.0, cpu_seconds=20, max_output_bytes=65536)) as sb:
+        r = sb.run("find / -maxdepth 4 -path /proc -prune -o -writable -print 2>/dev/null; "
+                   "for d in / /usr /tmp /etc /dev; do touch $d/x 2>/dev/null && echo wrote $d; done; "
+                   "echo end")
+    paths = r.output.splitlines()
+    assert paths[-1] == "end" and not any(p.startswith("wrote") for p in paths)
+    assert set(paths[:-1]) <= {"/work", "/dev/null"}, paths
+
+
+def test_fork_bomb_and_memory_hog_stay_inside_their_limits():
+    limits = SandboxLimits(wall_seconds=3.0, cpu_seconds=2, max_processes=16, max_output_bytes=4096)
+    with Sandbox(limits) as sb:
+        t0 = time.monotonic()
+        bomb = sb.run("bomb() { bomb 2>/dev/null | bomb 2>/dev/null & }; bomb; sleep 1; "
+                      "n=0; while [ $n -lt 20 ]; do sleep 0 & n=$((n+1)); done 2>&1 | head -1")
+        # The process limit bites (the shell cannot fork) and the run ends within the wall clock.
+        assert "fork" in bomb.output.lower() and time.monotonic() - t0 < limits.wall_seconds + 5
+        hog = sb.run("python3 -c 'x = bytearray(4 * 1024**3)' 2>&1 | tail -1")
+        assert "MemoryError" in hog.output
+        after = sb.run("echo fine")
+        assert after.ok and after.output == "fine\n"  # the sandbox (and the host) carry on
