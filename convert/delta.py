@@ -32,6 +32,7 @@ import struct
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
@@ -283,59 +284,82 @@ def chain(store: Store, version: int, fmt: str, have: int | None = None) -> tupl
         k = int(meta["base"])
 
 
-def materialize(store: Store, version: int, fmt: str, out: str | os.PathLike, *,
+class ChainSource(Protocol):
+    """Where the stored versions of a chain come from: a store, or a trainer over gRPC."""
+
+    name: str
+
+    def chain(self, version: int, fmt: str, have: int | None) -> tuple[int, list[int]]:
+        """``(start, deltas)`` as ``chain`` below."""
+
+    def local_dir(self, version: int, fmt: str, work: Path) -> Path:
+        """A local directory holding ``version``'s stored files (fetched into ``work`` if need be)."""
+
+
+class StoreSource:
+    """A ``ChainSource`` reading a ``Store`` (a local store's files are read in place)."""
+
+    def __init__(self, store: Store):
+        self.store, self.name = store, store.root
+
+    def chain(self, version: int, fmt: str, have: int | None) -> tuple[int, list[int]]:
+        return chain(self.store, version, fmt, have)
+
+    def local_dir(self, version: int, fmt: str, work: Path) -> Path:
+        rel = f"{version_dirname(version)}/{fmt}"
+        if self.store.local is not None:
+            return self.store.local / rel
+        dest = work / f"stored-{version}"
+        self.store.get_dir(rel, dest)
+        return dest
+
+
+def materialize(source: Store | ChainSource, version: int, fmt: str, out: str | os.PathLike, *,
                 have: tuple[int, str | os.PathLike] | None = None,
                 log: Callable[[str], None] | None = None) -> str:
     """Write the full ``fmt`` directory of ``version`` to the new ``out``, verified; return how.
 
-    ``have``: ``(version, directory)`` of this format already held (a sampler's current
-    weights): the chain is applied from it when it reaches it. Any failure along that path (a
-    gap, a corrupt or truncated delta, a hash mismatch) falls back to the newest full snapshot;
-    ``DeltaError`` only when that fails too. ``out`` appears complete or not at all.
+    ``source``: a ``Store`` or another ``ChainSource``. ``have``: ``(version, directory)`` of
+    this format already held (a sampler's current weights): the chain is applied from it when it
+    reaches it. Any failure along that path (a gap, a corrupt or truncated delta, a hash
+    mismatch) falls back to the newest full snapshot; ``DeltaError`` only when that fails too.
+    ``out`` appears complete or not at all; ``have``'s directory is only read.
     """
+    if isinstance(source, Store):
+        source = StoreSource(source)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     if have is not None:
         try:
-            return _materialize(store, version, fmt, out, have)
-        except (DeltaError, ManifestError) as e:
+            return _materialize(source, version, fmt, out, have)
+        except Exception as e:  # noqa: BLE001 - any failure from what we hold: try the snapshot
             if log is not None:
                 log(f"delta from v{have[0]} failed ({e}); falling back to the full snapshot")
-    return _materialize(store, version, fmt, out, None)
+    return _materialize(source, version, fmt, out, None)
 
 
-def _materialize(store: Store, version: int, fmt: str, out: Path,
+def _materialize(source: ChainSource, version: int, fmt: str, out: Path,
                  have: tuple[int, str | os.PathLike] | None) -> str:
-    start, deltas = chain(store, version, fmt, None if have is None else have[0])
+    start, deltas = source.chain(version, fmt, None if have is None else have[0])
     work = Path(tempfile.mkdtemp(prefix=f".{out.name}.materialize-", dir=out.parent))
     try:
         if have is not None and start == have[0]:
             current, how = Path(have[1]), f"v{start} held + {len(deltas)} delta(s)"
-        elif store.local is not None:
-            current = store.local / version_dirname(start) / fmt
-            how = f"full snapshot v{start} + {len(deltas)} delta(s)"
         else:
-            current = work / f"full-{start}"
-            store.get_dir(f"{version_dirname(start)}/{fmt}", current)
+            current = source.local_dir(start, fmt, work)
             how = f"full snapshot v{start} + {len(deltas)} delta(s)"
         for k in deltas:
-            rel = f"{version_dirname(k)}/{fmt}"
-            if store.local is not None:
-                delta_dir = store.local / rel
-            else:
-                delta_dir = work / f"delta-{k}"
-                store.get_dir(rel, delta_dir)
+            delta_dir = source.local_dir(k, fmt, work)
             nxt = work / f"v{k}"
             apply_delta(delta_dir, current, nxt)
-            if current.is_relative_to(work):
-                shutil.rmtree(current, ignore_errors=True)
-            if delta_dir.is_relative_to(work):
-                shutil.rmtree(delta_dir, ignore_errors=True)
+            for done in (current, delta_dir):
+                if done.is_relative_to(work):
+                    shutil.rmtree(done, ignore_errors=True)
             current = nxt
         result = work / "result"
         if current.is_relative_to(work):
             os.replace(current, result)
-        else:  # no delta to apply: copy the snapshot (links) so the result is ours to rename
+        else:  # no delta to apply: link the snapshot's files so the result is ours to rename
             for p in current.rglob("*"):
                 if p.is_file():
                     _link_or_copy(p, result / p.relative_to(current))

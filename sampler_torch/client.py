@@ -41,7 +41,7 @@ from sampler_torch.channel import (
     is_retryable,
     open_channel,
 )
-from sampler_torch.weights_fetch import WeightsError, check_downloaded, materialize_weights
+from sampler_torch.weights_fetch import WeightsError, check_downloaded, materialize_weights, prune_cache
 
 __all__ = ["Backoff", "EncodedTrajectory", "RolloutClient", "RolloutError", "SubmitResult", "TLSOptions",
            "WeightsError", "build_trajectory", "encode_trajectory"]
@@ -88,6 +88,9 @@ class RolloutClient:
         self.accelerator = accelerator
         self.capacity = capacity
         self.weight_formats = tuple(weight_formats)
+        # {format: (version, directory)} last materialized: the base the next delta applies to
+        self._held: dict[str, tuple[int, Path]] = {}
+        self._held_key: str | None = None
         self.name = name or f"{socket.gethostname()}:{os.getpid()}"
         self.backoff = backoff
         self.rpc_timeout_s = rpc_timeout_s
@@ -364,8 +367,12 @@ class RolloutClient:
                 except RolloutError:
                     return
 
-    def fetch_file(self, version: int, fmt: str, rel: str, dest: Path, size: int, sha256: str) -> None:
-        """Download one manifest file into ``dest`` (resuming a partial file), checking size and sha256."""
+    def fetch_file(self, version: int, fmt: str, rel: str, dest: Path, size: int, sha256: str, *,
+                   have_version: int | None = None) -> None:
+        """Download one manifest file into ``dest`` (resuming a partial file), checking size and sha256.
+
+        ``have_version``: the version of ``fmt`` this sampler holds (-1: none); ``rel`` then names
+        a file as stored (a delta's blob, listed in a ``WeightStep``)."""
         dest.parent.mkdir(parents=True, exist_ok=True)
         delays, start = self.backoff.delays(), time.monotonic()
         while True:
@@ -375,7 +382,7 @@ class RolloutClient:
                 offset = 0
             try:
                 if offset < size:
-                    self._download(version, fmt, rel, dest, offset, size)
+                    self._download(version, fmt, rel, dest, offset, size, have_version)
                 break
             except grpc.RpcError as e:
                 if e.code() == grpc.StatusCode.NOT_FOUND and "session" in (e.details() or ""):
@@ -389,9 +396,10 @@ class RolloutClient:
         dest.touch()  # an empty file is never downloaded: make it exist for the check
         check_downloaded(dest, rel, version, fmt, size, sha256)
 
-    def _download(self, version: int, fmt: str, rel: str, dest: Path, offset: int, size: int) -> None:
+    def _download(self, version: int, fmt: str, rel: str, dest: Path, offset: int, size: int,
+                  have_version: int | None = None) -> None:
         req = pb.FetchWeightsRequest(session_id=self.session_id, version=version, format=fmt, path=rel,
-                                     offset=offset)
+                                     offset=offset, have_version=have_version)
         timeout = max(self.rpc_timeout_s, size / 20e6)
         with open(dest, "ab") as f:
             for chunk in self._stub.FetchWeights(req, timeout=timeout, metadata=self._metadata):
@@ -407,6 +415,16 @@ class RolloutClient:
         over gRPC into ``cache_dir``, ``auto`` uses the path if it exists here, else fetches.
         Every file is checked against the published sha256 manifest either way; any problem
         raises ``WeightsError`` and nothing is returned (the caller keeps its current weights).
+        A version published as a delta is built from the last version materialized here.
         """
-        return materialize_weights(wv, cache_dir, formats=self.weight_formats, fetch_file=self.fetch_file,
-                                   cache_key=str(self.server_id), transfer=transfer)
+        key = str(self.server_id)
+        if key != self._held_key:  # a restarted trainer numbers versions anew: hold nothing of it
+            self._held, self._held_key = {}, key
+        fmt, path = materialize_weights(
+            wv, cache_dir, formats=self.weight_formats, fetch_file=self.fetch_file, cache_key=key,
+            transfer=transfer, held=self._held, log=lambda m: log.warning("weights v%d: %s", wv.version, m))
+        previous = self._held.get(fmt)
+        self._held[fmt] = (wv.version, path)
+        # Keep the new directory and the one before (the engine may still read it until it swaps).
+        prune_cache(cache_dir, key, fmt, [path] + ([previous[1]] if previous else []))
+        return fmt, path

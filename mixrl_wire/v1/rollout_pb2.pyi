@@ -235,14 +235,28 @@ class Manifest(_message.Message):
     def __init__(self, files: _Optional[_Iterable[_Union[FileDigest, _Mapping]]] = ...) -> None: ...
 
 class WeightLocation(_message.Message):
-    __slots__ = ("format", "path", "manifest")
+    __slots__ = ("format", "path", "manifest", "store", "chain")
     FORMAT_FIELD_NUMBER: _ClassVar[int]
     PATH_FIELD_NUMBER: _ClassVar[int]
     MANIFEST_FIELD_NUMBER: _ClassVar[int]
+    STORE_FIELD_NUMBER: _ClassVar[int]
+    CHAIN_FIELD_NUMBER: _ClassVar[int]
     format: str
     path: str
     manifest: Manifest
-    def __init__(self, format: _Optional[str] = ..., path: _Optional[str] = ..., manifest: _Optional[_Union[Manifest, _Mapping]] = ...) -> None: ...
+    store: str
+    chain: _containers.RepeatedCompositeFieldContainer[WeightStep]
+    def __init__(self, format: _Optional[str] = ..., path: _Optional[str] = ..., manifest: _Optional[_Union[Manifest, _Mapping]] = ..., store: _Optional[str] = ..., chain: _Optional[_Iterable[_Union[WeightStep, _Mapping]]] = ...) -> None: ...
+
+class WeightStep(_message.Message):
+    __slots__ = ("version", "base", "stored")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    BASE_FIELD_NUMBER: _ClassVar[int]
+    STORED_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    base: int
+    stored: Manifest
+    def __init__(self, version: _Optional[int] = ..., base: _Optional[int] = ..., stored: _Optional[_Union[Manifest, _Mapping]] = ...) -> None: ...
 
 class WeightVersion(_message.Message):
     __slots__ = ("version", "locations", "published_unix_ms")
@@ -263,18 +277,20 @@ class WatchWeightsRequest(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., after_version: _Optional[int] = ...) -> None: ...
 
 class FetchWeightsRequest(_message.Message):
-    __slots__ = ("session_id", "version", "format", "path", "offset")
+    __slots__ = ("session_id", "version", "format", "path", "offset", "have_version")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     FORMAT_FIELD_NUMBER: _ClassVar[int]
     PATH_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
+    HAVE_VERSION_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     version: int
     format: str
     path: str
     offset: int
-    def __init__(self, session_id: _Optional[str] = ..., version: _Optional[int] = ..., format: _Optional[str] = ..., path: _Optional[str] = ..., offset: _Optional[int] = ...) -> None: ...
+    have_version: int
+    def __init__(self, session_id: _Optional[str] = ..., version: _Optional[int] = ..., format: _Optional[str] = ..., path: _Optional[str] = ..., offset: _Optional[int] = ..., have_version: _Optional[int] = ...) -> None: ...
 
 class WeightChunk(_message.Message):
     __slots__ = ("offset", "data")

@@ -111,7 +111,8 @@ class _Servicer(pb_grpc.RolloutServicer):
         except Rejected as e:
             context.abort(e.code, str(e))
         try:
-            path, size = self.svc.weights.file(request.version, request.format, request.path)
+            path, size = self.svc.weights.file(request.version, request.format, request.path,
+                                               stored=request.HasField("have_version"))
         except KeyError as e:
             context.abort(grpc.StatusCode.NOT_FOUND, str(e.args[0]))
         if not 0 <= request.offset <= size:
