@@ -1,6 +1,6 @@
 """Per-device parameter + optimizer memory of the sharded trainer vs one device, on 8 CPU devices.
 
-For each model size and mesh, builds a ``ShardedLearner`` (parameters and AdamW state created
+For each model size and mesh, builds a ``Learner`` (parameters and AdamW state created
 sharded), compiles its train step for one batch shape and reads XLA's memory analysis of the
 per-device SPMD program: ``argument`` bytes are the state shards plus the batch shards, so the
 state figure is ``argument - batch``; it is cross-checked against the sum of the arrays' own
@@ -36,9 +36,9 @@ from pathlib import Path  # noqa: E402
 import jax  # noqa: E402
 
 from convert.qwen3_config import Qwen3Config  # noqa: E402
-from trainer_jax.learner import OptimizerConfig  # noqa: E402
+from trainer_jax.learner import Learner, OptimizerConfig  # noqa: E402
 from trainer_jax.objective import ObjectiveConfig  # noqa: E402
-from trainer_jax.parallel import ShardedLearner, make_mesh  # noqa: E402
+from trainer_jax.parallel import make_mesh  # noqa: E402
 from trainer_jax.parallel.check import synthetic_batch  # noqa: E402
 from trainer_jax.parallel.memory import compiled_memory, max_device_bytes, state_memory_report  # noqa: E402
 from trainer_jax.parallel.mesh import describe  # noqa: E402
@@ -64,7 +64,7 @@ def bench_one(kind: str, mesh_name: str, *, rows: int, row_len: int, time_steps:
     cfg = Qwen3Config(**SIZES[kind])
     axes = MESHES[mesh_name]
     mesh = make_mesh(devices=jax.devices()[:1]) if axes is None else make_mesh(**axes)
-    learner = ShardedLearner.create(cfg, OptimizerConfig(), ObjectiveConfig(), mesh, seed=0)
+    learner = Learner.create(cfg, OptimizerConfig(), ObjectiveConfig(), mesh, seed=0)
     inputs, batch = synthetic_batch(cfg.vocab_size, rows=rows, row_len=row_len,
                                     max_tokens=rows * row_len // 2, head_k=20, support_k=8)
     t0 = time.perf_counter()

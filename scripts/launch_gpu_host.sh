@@ -1,16 +1,20 @@
 #!/usr/bin/env bash
-# Run mixrl on a multi-GPU host: one process drives every local GPU.
+# Train with mixrl on a multi-GPU host: one process drives every local GPU (the mesh: mesh:).
 #
-#   scripts/launch_gpu_host.sh CONFIG [key=value ...] [extra args]
-#       the scale-out smoke check (mesh, sharded steps, memory report, see docs/scale_out.md);
-#       MIXRL_CMD="<program>" runs any other program that takes --config (the training job)
+#   scripts/launch_gpu_host.sh CONFIG [key=value ...] [extra mixrl-train args]
+#       mixrl-train --config CONFIG ...: the training job
+#   scripts/launch_gpu_host.sh --check CONFIG [key=value ...]
+#       the scale-out smoke check instead (mesh, sharded steps, memory report, docs/scale_out.md)
+#   MIXRL_CMD="<program>" runs any other program that takes --config
 #
 # Several hosts without a cluster manager: start it on every host with
 #   NNODES=2 NODE_RANK=0|1 COORDINATOR=host0:12345 scripts/launch_gpu_host.sh CONFIG mesh.dcn_data=2
 # (under SLURM use scripts/slurm_gpu.sbatch: JAX reads the same from SLURM's environment).
 set -euo pipefail
 
-[[ $# -ge 1 ]] || { sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+check=
+if [[ ${1:-} == --check ]]; then check=1; shift; fi
+[[ $# -ge 1 ]] || { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 config=$1
 shift
 cd "$(dirname "$0")/.."
@@ -26,5 +30,8 @@ if [[ -n "${NNODES:-}" && "$NNODES" -gt 1 ]]; then
   export MIXRL_COORDINATOR_ADDRESS=${COORDINATOR:?COORDINATOR=host:port is required with NNODES > 1}
 fi
 
-read -r -a program <<< "${MIXRL_CMD:-${PYTHON:-.venv/bin/python} -m trainer_jax.parallel.check}"
+py=${PYTHON:-.venv/bin/python}
+default="$py -m trainer_jax.cli"
+[[ -n $check ]] && default="$py -m trainer_jax.parallel.check"
+read -r -a program <<< "${MIXRL_CMD:-$default}"
 exec "${program[@]}" --config "$config" "$@"

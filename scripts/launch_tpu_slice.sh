@@ -4,8 +4,10 @@
 #   scripts/launch_tpu_slice.sh setup TPU_NAME ZONE
 #       copy this checkout (git-tracked files) to every host and install it with jax[tpu]
 #   scripts/launch_tpu_slice.sh run TPU_NAME ZONE CONFIG [key=value ...] [-- extra args]
-#       the scale-out smoke check on every host (mesh, sharded steps, memory report); with
-#       MIXRL_CMD="<program>" any other program that takes --config, e.g. the training job
+#       mixrl-train --config CONFIG on every host (the training job)
+#   scripts/launch_tpu_slice.sh check TPU_NAME ZONE CONFIG [key=value ...]
+#       the scale-out smoke check on every host instead (mesh, sharded steps, memory report);
+#       MIXRL_CMD="<program>" runs any other program that takes --config
 #   scripts/launch_tpu_slice.sh stop TPU_NAME ZONE
 #       kill leftover mixrl processes on every host (they hold the TPU chips)
 #
@@ -14,7 +16,7 @@
 # the TPU metadata server (distributed.mode: "on" in configs/tpu_slice.yaml). See docs/scale_out.md.
 set -euo pipefail
 
-usage() { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 [[ $# -ge 3 ]] || usage
 action=$1 tpu=$2 zone=$3
 shift 3
@@ -33,11 +35,13 @@ case $action in
     gcloud_tpu ssh "$tpu" --command "mkdir -p $remote_dir && tar -xzf /tmp/mixrl.tar.gz -C $remote_dir \
       && cd $remote_dir && python3 -m venv .venv && .venv/bin/pip install -q -e '.[tpu]'"
     ;;
-  run)
+  run|check)
     [[ $# -ge 1 ]] || usage
     config=$1
     shift
-    program=${MIXRL_CMD:-.venv/bin/python -m trainer_jax.parallel.check}
+    default=".venv/bin/python -m trainer_jax.cli"
+    [[ $action == check ]] && default=".venv/bin/python -m trainer_jax.parallel.check"
+    program=${MIXRL_CMD:-$default}
     args=$(printf '%q ' "$@")
     # Every host logs to its own file in the run's directory and to this terminal.
     gcloud_tpu ssh "$tpu" --command "cd $remote_dir && mkdir -p logs && \

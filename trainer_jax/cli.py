@@ -118,9 +118,9 @@ def sft_main(argv: list[str]) -> int:
 
     from convert.tokenizer import char_tokenizer, load_tokenizer, special_token_ids
     from trainer_jax.models import save_hf
+    from trainer_jax.policy import build_policy
     from trainer_jax.service.tasks import build_task_source
     from trainer_jax.sft import warm_start
-    from trainer_jax.train import build_policy
 
     tokenizer = load_tokenizer(cfg.model.hf_dir) if cfg.model.hf_dir else char_tokenizer()
     model, qcfg = build_policy(cfg, tokenizer.get_vocab_size(), special_token_ids(tokenizer))

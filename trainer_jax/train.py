@@ -21,11 +21,11 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from rich.console import Console
 
-from convert.qwen3_config import Qwen3Config
 from convert.tokenizer import char_tokenizer, load_tokenizer, save_tokenizer_files, special_token_ids
 from trainer_jax.batching import Sample, pack
 from trainer_jax.checkpoint import Checkpointer
@@ -33,8 +33,10 @@ from trainer_jax.config import RunConfig
 from trainer_jax.diagnostics import CollapseAlarms, MetricsSink, alarm_settle_steps, plot_run
 from trainer_jax.evaluation import FleetEvaluator
 from trainer_jax.learner import Learner
-from trainer_jax.models import Qwen3, init_model, load_hf
 from trainer_jax.objective import compute_advantages, reduce_metrics
+from trainer_jax.parallel.mesh import describe, make_mesh
+from trainer_jax.parallel.rules import ShardingRules
+from trainer_jax.policy import build_policy
 from trainer_jax.progress import StepProgress
 from trainer_jax.publisher import Publisher, snapshot
 from trainer_jax.samplers import LocalSamplers
@@ -42,30 +44,6 @@ from trainer_jax.service.auth import generate_token
 from trainer_jax.service.server import RolloutService
 from trainer_jax.service.tasks import build_task_source
 from trainer_jax.sft import warm_start
-
-_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
-
-
-def build_policy(cfg: RunConfig, vocab_size: int,
-                 special_ids: dict[str, int] | None = None) -> tuple[Qwen3, Qwen3Config]:
-    """The initial policy: an HF checkpoint if configured, else a tiny random Qwen3.
-
-    ``special_ids`` (``{"bos", "eos", "pad"}`` -> id, from the tokenizer) go into the new model's
-    config, so the published checkpoints name the tokens the tokenizer actually uses.
-    """
-    m = cfg.model
-    dtype = _DTYPES[m.dtype]
-    if m.hf_dir:
-        return load_hf(m.hf_dir, dtype=dtype, param_dtype=jnp.float32)
-    qcfg = Qwen3Config(
-        vocab_size=vocab_size, hidden_size=m.hidden_size, intermediate_size=m.intermediate_size,
-        num_hidden_layers=m.num_hidden_layers, num_attention_heads=m.num_attention_heads,
-        num_key_value_heads=m.num_key_value_heads, head_dim=m.head_dim,
-        tie_word_embeddings=m.tie_word_embeddings, num_experts=m.num_experts,
-        num_experts_per_tok=m.num_experts_per_tok, moe_intermediate_size=m.moe_intermediate_size,
-        extra={f"{k}_token_id": v for k, v in (special_ids or {}).items()})
-    return init_model(qcfg, dtype=dtype, param_dtype=jnp.float32, seed=m.seed), qcfg
-
 
 # What a run leaves in its directory; a fresh run finding any of them sets the old run aside.
 _RUN_ARTIFACTS = ("checkpoints", "weights", "metrics.jsonl", "summary.json")
@@ -113,10 +91,15 @@ class Trainer:
         self.tokenizer = load_tokenizer(cfg.model.hf_dir) if cfg.model.hf_dir else char_tokenizer()
         self.tokenizer_dir = run / "tokenizer"
         save_tokenizer_files(self.tokenizer, self.tokenizer_dir)  # the source's files, unchanged
+        self.mesh = make_mesh(cfg.mesh)
         self.model, self.qcfg = build_policy(cfg, self.tokenizer.get_vocab_size(),
-                                             special_token_ids(self.tokenizer))
+                                             special_token_ids(self.tokenizer), self.mesh)
         objective = cfg.objective.model_copy(update={"num_groups": max(1, len(cfg.groups))})
-        self.learner = Learner(self.model, cfg.optimizer, objective)
+        self.learner = Learner(self.model, cfg.optimizer, objective, self.mesh,
+                               ShardingRules.for_model(self.qcfg, cfg.mesh.rules),
+                               micro_rows=cfg.train.micro_rows)
+        self.console.print(f"learner on mesh {describe(self.mesh)} ({self.mesh.size} devices, "
+                           f"{jax.devices()[0].platform})")
         self.checkpointer = Checkpointer(run / "checkpoints", keep_last=cfg.train.keep_checkpoints)
         self.meta = {"step": 0, "version": 0, "task_cursor": 0, "sft_done": False, "history": {}}
         if self.resume and self.checkpointer.latest_step() is not None:
@@ -263,7 +246,9 @@ class Trainer:
             version += 1  # a fresh directory: the killed run may have half-announced its last one
         self.meta["version"] = version
         paths = self.publisher.publish_now(version, snapshot(self.model))
-        summary = {"run_dir": str(self.run_dir), "formats": self.weight_formats()}
+        summary = {"run_dir": str(self.run_dir), "formats": self.weight_formats(),
+                   "mesh": {a: int(self.mesh.shape[a]) for a in ("data", "fsdp", "expert", "tensor")},
+                   "devices": int(self.mesh.size)}
         history = self.meta["history"]
         try:
             self._start_samplers(paths)

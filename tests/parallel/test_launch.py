@@ -69,6 +69,10 @@ def test_scripts_parse_and_the_tpu_commands(tmp_path):
                           "configs/tpu_slice.yaml", "run.steps=3"], env={**os.environ, "DRY_RUN": "1"},
                          capture_output=True, text=True, check=True).stdout
     assert "tpu-vm ssh --zone us-east5-a --worker=all my-tpu" in out
+    assert "trainer_jax.cli\\ --config\\ configs/tpu_slice.yaml\\ run.steps=3" in out  # training
+    out = subprocess.run([str(ROOT / "scripts/launch_tpu_slice.sh"), "check", "my-tpu", "us-east5-a",
+                          "configs/tpu_slice.yaml", "run.steps=3"], env={**os.environ, "DRY_RUN": "1"},
+                         capture_output=True, text=True, check=True).stdout
     assert "trainer_jax.parallel.check\\ --config\\ configs/tpu_slice.yaml\\ run.steps=3" in out
     usage = subprocess.run([str(ROOT / "scripts/launch_tpu_slice.sh")], capture_output=True, text=True)
     assert usage.returncode == 2 and "setup TPU_NAME ZONE" in usage.stdout
@@ -80,7 +84,7 @@ def test_gpu_host_script_runs_the_smoke_check_here(tmp_path):
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "2",
            "XLA_FLAGS": "--xla_backend_optimization_level=0"}
     proc = subprocess.run(
-        [str(ROOT / "scripts/launch_gpu_host.sh"), "configs/gpu_host.yaml", "model.hf_dir=null",
+        [str(ROOT / "scripts/launch_gpu_host.sh"), "--check", "configs/gpu_host.yaml", "model.hf_dir=null",
          "model.dtype=float32", "model.hidden_size=32", "model.intermediate_size=64",
          "model.num_attention_heads=4", "model.num_key_value_heads=2", "model.head_dim=8",
          "mesh.fsdp=1", "mesh.tensor=1", "mesh.data=-1", "train.rows=2", "train.row_len=16",

@@ -20,7 +20,8 @@ from convert.hf_checkpoint import HFCheckpoint
 from trainer_jax.config import load_config
 from trainer_jax.learner import Learner
 from trainer_jax.models import init_model, iter_hf_tensors
-from trainer_jax.parallel.check import model_config, synthetic_batch
+from trainer_jax.parallel.check import synthetic_batch
+from trainer_jax.policy import model_config
 
 ROOT = Path(__file__).parent.parent.parent
 CONFIG = """

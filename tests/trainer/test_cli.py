@@ -32,7 +32,7 @@ def test_bad_config_is_a_clear_error(tmp_path):
 
 def test_build_policy_takes_special_token_ids_from_the_tokenizer():
     from trainer_jax.config import load_config
-    from trainer_jax.train import build_policy
+    from trainer_jax.policy import build_policy
 
     cfg = load_config(None, ["model.hidden_size=16", "model.intermediate_size=32",
                              "model.num_hidden_layers=1", "model.num_attention_heads=2",

@@ -69,7 +69,8 @@ class ObjectiveConfig(BaseModel):
     top_p_replay: on tokens sampled with truncation, use p-hat = p / sum_S p on the kept set S.
     c_min, c_max: the MIS range / TIS cap on r = p / b.
     aggregation: a name in ``AGGREGATIONS``; ``constant_normalizer`` is used by "constant".
-    impl: linear-log-sum-exp kernel implementation (reference | xla | pallas).
+    impl: linear-log-sum-exp kernel implementation (reference | xla | pallas), or ``auto``: the
+        one ``kernels.linear_logsumexp.names.AUTO_IMPL`` names for the platform.
     kernel_options: (name, value) pairs passed to the kernel, e.g. (("block_v", 2048),); the
         kernel rejects options its ``impl`` does not take.
     num_groups: sampler groups for per-group metrics (group ids outside [0, num_groups) are
@@ -88,7 +89,7 @@ class ObjectiveConfig(BaseModel):
     c_max: float = Field(default=5.0, gt=0.0)
     aggregation: str = "token_mean"
     constant_normalizer: float = Field(default=1.0, gt=0.0)
-    impl: str = "xla"
+    impl: str = "auto"
     kernel_options: tuple[tuple[str, int | float | bool | str], ...] = ()
     num_groups: int = Field(default=1, ge=1)
     min_tail_mass: float = Field(default=1e-4, gt=0.0, lt=1.0)
@@ -114,9 +115,9 @@ class ObjectiveConfig(BaseModel):
     @field_validator("impl")
     @classmethod
     def _known_impl(cls, v: str) -> str:
-        from trainer_jax.kernels.linear_logsumexp.names import IMPL_NAMES
+        from trainer_jax.kernels.linear_logsumexp.names import IMPL_CHOICES
 
-        return one_of(v, IMPL_NAMES, "kernel implementation")
+        return one_of(v, IMPL_CHOICES, "kernel implementation")
 
     @field_validator("kernel_options")
     @classmethod

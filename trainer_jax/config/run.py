@@ -63,6 +63,9 @@ class TrainConfig(_Strict):
     max_staleness: int | None = Field(None, ge=0)  # None: no cap (the design's default)
     rows: int = Field(16, gt=0)
     row_len: int = Field(128, gt=0)
+    # Rows per forward/backward pass (None: all rows at once); must divide ``rows``. The step's
+    # gradient is the whole batch's either way; this bounds the activation memory.
+    micro_rows: int | None = Field(None, gt=0)
     max_tokens: int = Field(1024, gt=0)
     support_k: int = Field(64, gt=0)
     episode_tokens: int = Field(160, gt=0)  # token budget of a multi-turn episode
@@ -78,6 +81,12 @@ class TrainConfig(_Strict):
     eval_timeout_s: float = Field(600.0, gt=0)
     # A plain progress line every this many steps when the console is not a terminal (logs).
     log_every: int = Field(10, gt=0)
+
+    @model_validator(mode="after")
+    def _micro_rows_divide_rows(self) -> TrainConfig:
+        if self.micro_rows is not None and self.rows % self.micro_rows:
+            raise ValueError(f"micro_rows ({self.micro_rows}) must divide rows ({self.rows})")
+        return self
 
 
 class MixEntry(_Strict):

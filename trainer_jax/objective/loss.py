@@ -32,6 +32,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from trainer_jax.kernels.linear_logsumexp.names import resolve_impl
 from trainer_jax.objective.aggregation import AGGREGATIONS
 from trainer_jax.objective.batch import TokenBatch
 from trainer_jax.objective.config import ObjectiveConfig
@@ -97,7 +98,7 @@ def token_terms(hidden: Array, lm_head: Array, batch: TokenBatch, config: Object
     # On a device mesh the vocabulary-parallel version (trainer_jax.parallel.vocab) takes over.
     lse_fn = hooks.override("lse_and_logits_at") or lse_and_logits_at
     lse, entropy, z = lse_fn(
-        hidden, lm_head, safe_ids, batch.temperature, config.impl, block, config.kernel_options
+        hidden, lm_head, safe_ids, batch.temperature, resolve_impl(config.impl), block, config.kernel_options
     )
     z_x, z_head, z_sup = z[:, 0], z[:, 1 : 1 + k], z[:, 1 + k :]
 

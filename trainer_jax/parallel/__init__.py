@@ -7,7 +7,6 @@ this package must not import the model at import time):
 - ``ShardingRules``: partitioning rules for every parameter and activation (``rules``)
 - ``shard_model``, ``init_sharded_model``, ``load_hf_sharded``: parameters onto the mesh
   (``sharding``)
-- ``ShardedLearner``: ``Learner``'s interface, one SPMD step over the mesh (``learner``)
 - ``init_distributed(cfg.distributed)``: ``jax.distributed.initialize`` from config / environment
   (``distributed``)
 - ``iter_gathered_hf_tensors``, ``publish_sharded``: weight publication from sharded params
@@ -29,7 +28,6 @@ _EXPORTS = {
     "ParallelContext": "context",
     "shard_model": "sharding", "init_sharded_model": "sharding", "load_hf_sharded": "sharding",
     "put_global": "sharding", "shard_batch": "sharding",
-    "ShardedLearner": "learner",
     "init_distributed": "distributed", "DistributedInfo": "distributed",
     "iter_gathered_hf_tensors": "publish", "publish_sharded": "publish",
     "vocab_parallel_linear_logsumexp": "vocab", "vocab_parallel_lse_and_logits_at": "vocab",

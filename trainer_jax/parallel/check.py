@@ -28,21 +28,6 @@ import numpy as np
 from trainer_jax.config import ConfigError, MeshConfig, RunConfig, load_config
 
 
-def model_config(cfg: RunConfig, vocab_size: int = 256) -> Any:
-    """The policy's ``Qwen3Config``: ``model.hf_dir``'s config.json, else the tiny-model fields."""
-    from convert.qwen3_config import Qwen3Config
-
-    m = cfg.model
-    if m.hf_dir:
-        return Qwen3Config.from_hf_dict(json.loads((Path(m.hf_dir) / "config.json").read_text()))
-    return Qwen3Config(
-        vocab_size=vocab_size, hidden_size=m.hidden_size, intermediate_size=m.intermediate_size,
-        num_hidden_layers=m.num_hidden_layers, num_attention_heads=m.num_attention_heads,
-        num_key_value_heads=m.num_key_value_heads, head_dim=m.head_dim,
-        tie_word_embeddings=m.tie_word_embeddings, num_experts=m.num_experts,
-        num_experts_per_tok=m.num_experts_per_tok, moe_intermediate_size=m.moe_intermediate_size)
-
-
 def synthetic_batch(vocab_size: int, *, rows: int, row_len: int, max_tokens: int, head_k: int,
                     support_k: int, seed: int = 0):
     """A packed batch of random trajectories: two per row, the second half of each is policy tokens."""
@@ -96,15 +81,17 @@ def run_check(cfg: RunConfig, *, steps: int = 3, load: bool = False, vocab_size:
     import jax.numpy as jnp
     from flax import nnx
 
-    from trainer_jax.parallel import ShardedLearner, ShardingRules, make_mesh
+    from trainer_jax.learner import Learner
+    from trainer_jax.parallel import ShardingRules, make_mesh
     from trainer_jax.parallel.memory import compiled_memory, state_memory_report
     from trainer_jax.parallel.mesh import describe
     from trainer_jax.parallel.sharding import init_sharded_model, load_hf_sharded
+    from trainer_jax.policy import DTYPES, model_config
 
     mesh = make_mesh(cfg.mesh)
     qcfg = model_config(cfg, vocab_size)
     rules = ShardingRules.for_model(qcfg, cfg.mesh.rules)
-    dtype = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[cfg.model.dtype]
+    dtype = DTYPES[cfg.model.dtype]
     t0 = time.perf_counter()
     if load:
         if not cfg.model.hf_dir:
@@ -114,7 +101,7 @@ def run_check(cfg: RunConfig, *, steps: int = 3, load: bool = False, vocab_size:
         model = init_sharded_model(qcfg, mesh, rules, seed=cfg.model.seed, dtype=dtype,
                                    param_dtype=jnp.float32)
     objective = cfg.objective.model_copy(update={"num_groups": max(1, len(cfg.groups))})
-    learner = ShardedLearner(model, cfg.optimizer, objective, mesh, rules)
+    learner = Learner(model, cfg.optimizer, objective, mesh, rules)
     init_s = time.perf_counter() - t0
     inputs, batch = synthetic_batch(qcfg.vocab_size, rows=cfg.train.rows, row_len=cfg.train.row_len,
                                     max_tokens=cfg.train.max_tokens, head_k=cfg.tasks.sampling.head_k,
@@ -149,7 +136,7 @@ def run_check(cfg: RunConfig, *, steps: int = 3, load: bool = False, vocab_size:
         report["checkpoint"] = {"dir": str(checkpoint_dir), "step": learner.step_count}
         if restore_mesh is not None:
             other_mesh = make_mesh(restore_mesh)
-            other = ShardedLearner(init_sharded_model(qcfg, other_mesh, rules, seed=cfg.model.seed + 1,
+            other = Learner(init_sharded_model(qcfg, other_mesh, rules, seed=cfg.model.seed + 1,
                                                       dtype=dtype, param_dtype=jnp.float32),
                                    cfg.optimizer, objective, other_mesh, rules)
             Checkpointer(checkpoint_dir).restore(other.model, other.optimizer)

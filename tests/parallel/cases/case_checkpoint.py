@@ -1,6 +1,6 @@
 """Acceptance: a checkpoint written on one mesh restores onto another (and to / from one device).
 
-``trainer_jax.checkpoint.Checkpointer`` saves the global arrays of a ``ShardedLearner`` shard by
+``trainer_jax.checkpoint.Checkpointer`` saves the global arrays of a ``Learner`` shard by
 shard; restoring into a learner on another mesh reads each array with the *target's* sharding.
 """
 
@@ -16,7 +16,7 @@ from trainer_jax.checkpoint import Checkpointer
 from trainer_jax.learner import Learner, OptimizerConfig
 from trainer_jax.models import init_model
 from trainer_jax.objective import ObjectiveConfig
-from trainer_jax.parallel import ShardedLearner, make_mesh
+from trainer_jax.parallel import make_mesh
 from trainer_jax.parallel.sharding import put_global
 
 OPT, OBJ = OptimizerConfig(), ObjectiveConfig()
@@ -37,7 +37,7 @@ def _scramble(learner, seed: int) -> None:
 def _learner(where: str, seed: int):
     if where == "single":
         return Learner(init_model(MOE, seed=seed), OPT, OBJ)
-    return ShardedLearner(init_model(MOE, seed=seed), OPT, OBJ, make_mesh(**MESHES[where]))
+    return Learner(init_model(MOE, seed=seed), OPT, OBJ, make_mesh(**MESHES[where]))
 
 
 def _state(learner):

@@ -18,7 +18,7 @@ from mesh_common import DENSE_TIED, MESHES, MOE, host, packed_batch, rel_err
 from trainer_jax.learner import Learner, OptimizerConfig
 from trainer_jax.models import init_model
 from trainer_jax.objective import ObjectiveConfig, reduce_metrics
-from trainer_jax.parallel import ShardedLearner, make_mesh, state_memory_report
+from trainer_jax.parallel import make_mesh, state_memory_report
 
 OPT = OptimizerConfig(learning_rate=1e-3, weight_decay=0.01)
 OBJ = ObjectiveConfig()  # MIS + score centering + top-p replay, the xla kernel
@@ -88,7 +88,7 @@ def _compare(results, state, ref_results, ref_state, steps: int = 2):
 def test_sharded_step_matches_single_device(mesh_name, batch, reference):
     ref_results, ref_state = reference
     mesh = make_mesh(**MESHES[mesh_name])
-    learner = ShardedLearner(init_model(MOE, seed=1), OPT, OBJ, mesh)
+    learner = Learner(init_model(MOE, seed=1), OPT, OBJ, mesh)
     results, state = _run(learner, *batch)
     _compare(results, state, ref_results, ref_state)
     # The state kept its shardings through the donated, jitted step.
@@ -100,7 +100,7 @@ def test_sharded_step_matches_single_device(mesh_name, batch, reference):
 def test_tied_dense_model_on_fsdp_x_tensor(batch):
     init = lambda: init_model(DENSE_TIED, seed=2)
     ref_results, ref_state = _run(Learner(init(), OPT, OBJ), *batch)
-    learner = ShardedLearner(init(), OPT, OBJ, make_mesh(fsdp=2, tensor=4))
+    learner = Learner(init(), OPT, OBJ, make_mesh(fsdp=2, tensor=4))
     emb = learner.model.embed_tokens.embedding.get_value()
     assert emb.addressable_shards[0].data.shape == (128 // 4, 32 // 2)  # vocab / tensor, hidden / fsdp
     results, state = _run(learner, *batch)
@@ -109,7 +109,7 @@ def test_tied_dense_model_on_fsdp_x_tensor(batch):
 
 def test_param_and_optimizer_memory_per_device_is_at_most_a_sixth():
     single = Learner(init_model(MOE, seed=0), OPT, OBJ)
-    sharded = ShardedLearner(init_model(MOE, seed=0), OPT, OBJ, make_mesh(fsdp=2, tensor=4))
+    sharded = Learner(init_model(MOE, seed=0), OPT, OBJ, make_mesh(fsdp=2, tensor=4))
     one = state_memory_report(single.model, single.optimizer)["state_bytes_per_device"]
     per_device = state_memory_report(sharded.model, sharded.optimizer)
     assert per_device["state_bytes_total"] == one

@@ -20,7 +20,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from trainer_jax.kernels.linear_logsumexp.names import IMPL_NAMES, ImplName
+from trainer_jax.kernels.linear_logsumexp.names import IMPL_NAMES, ImplName, resolve_impl
 from trainer_jax.kernels.linear_logsumexp.pallas import linear_logsumexp_pallas
 from trainer_jax.kernels.linear_logsumexp.reference import linear_logsumexp_reference
 from trainer_jax.kernels.linear_logsumexp.xla import linear_logsumexp_xla
@@ -97,7 +97,8 @@ def linear_logsumexp(
       w: [D, V] output projection, same dtype as ``h``.
       temperature: Python float or traced scalar; never differentiated.
       impl: a key of ``IMPLS``: ``"reference"`` (full logits), ``"xla"`` (streaming, the CPU
-        default) or ``"pallas"`` (Pallas kernels; interpreted on CPU).
+        default) or ``"pallas"`` (Pallas kernels; interpreted on CPU); or ``"auto"``, the one
+        ``names.AUTO_IMPL`` gives this platform.
       **options: implementation options, e.g. ``block_v`` for ``xla``; ``blocks`` (a
         ``BlockSizes``), ``block_n``, ``block_v``, ``layout``, ``interpret`` for ``pallas``.
 
@@ -109,6 +110,7 @@ def linear_logsumexp(
       ValueError: on an unknown ``impl`` or option, non-2-D inputs, mismatched hidden sizes,
         mixed or non-float dtypes, an empty vocabulary, or a non-positive temperature.
     """
+    impl = resolve_impl(impl)
     _validate(h, w, temperature, impl, options)
     if h.shape[0] == 0:
         empty = jnp.zeros((0,), jnp.float32)

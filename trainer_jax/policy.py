@@ -1,0 +1,48 @@
+"""The policy a run config describes: its architecture and its parameters, created on a mesh."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh
+
+from convert.qwen3_config import Qwen3Config
+from trainer_jax.config import RunConfig
+from trainer_jax.models import Qwen3
+from trainer_jax.parallel.mesh import make_mesh
+from trainer_jax.parallel.rules import ShardingRules
+from trainer_jax.parallel.sharding import init_sharded_model, load_hf_sharded
+
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+
+def model_config(cfg: RunConfig, vocab_size: int, special_ids: dict[str, int] | None = None) -> Qwen3Config:
+    """The policy's architecture: the HF directory's config, or the tiny random Qwen3 of ``model:``.
+
+    ``special_ids`` (``{"bos", "eos", "pad"}`` -> id, from the tokenizer) go into a new model's
+    config, so the published checkpoints name the tokens the tokenizer actually uses.
+    """
+    m = cfg.model
+    if m.hf_dir:
+        return Qwen3Config.from_pretrained(m.hf_dir)
+    return Qwen3Config(
+        vocab_size=vocab_size, hidden_size=m.hidden_size, intermediate_size=m.intermediate_size,
+        num_hidden_layers=m.num_hidden_layers, num_attention_heads=m.num_attention_heads,
+        num_key_value_heads=m.num_key_value_heads, head_dim=m.head_dim,
+        tie_word_embeddings=m.tie_word_embeddings, num_experts=m.num_experts,
+        num_experts_per_tok=m.num_experts_per_tok, moe_intermediate_size=m.moe_intermediate_size,
+        extra={f"{k}_token_id": v for k, v in (special_ids or {}).items()})
+
+
+def build_policy(cfg: RunConfig, vocab_size: int, special_ids: dict[str, int] | None = None,
+                 mesh: Mesh | None = None) -> tuple[Qwen3, Qwen3Config]:
+    """The initial policy, created on ``mesh`` (default: one device) and never whole elsewhere:
+    an HF checkpoint if configured, else a tiny random Qwen3 (see ``model_config``)."""
+    mesh = mesh if mesh is not None else make_mesh(devices=jax.devices()[:1])
+    qcfg = model_config(cfg, vocab_size, special_ids)
+    rules = ShardingRules.for_model(qcfg, cfg.mesh.rules)
+    dtype = DTYPES[cfg.model.dtype]
+    if cfg.model.hf_dir:
+        return load_hf_sharded(cfg.model.hf_dir, mesh, rules, dtype=dtype, param_dtype=jnp.float32)
+    return init_sharded_model(qcfg, mesh, rules, seed=cfg.model.seed, dtype=dtype,
+                              param_dtype=jnp.float32), qcfg
