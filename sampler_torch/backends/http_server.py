@@ -15,6 +15,9 @@ import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
 
+from sampler_torch.engine.params import SamplingParams, per_request
+from sampler_torch.recipes import Recipe, get_recipe, verify_export
+
 
 class ServerError(RuntimeError):
     """The server refused a request, answered something malformed, or is not reachable."""
@@ -114,5 +117,100 @@ def token_versions(spans, single: int, n: int) -> list[int]:
     return versions
 
 
-__all__ = ["ServerError", "as_version", "free_port", "request_json", "start_server",
-           "stop_server", "token_versions", "wait_healthy"]
+def truncates(p: SamplingParams) -> bool:
+    """Whether a request samples from a kept set (greedy, top-p or top-k)."""
+    return p.temperature == 0 or p.top_p < 1 or p.top_k > 0
+
+
+class ServerBackend:
+    """The lifecycle both server backends share: attach by URL, or ``launch`` a server process
+    for a recipe (stopped by ``close``), JSON requests with one-line errors, and how many top
+    logprobs a request needs. Subclasses set ``error`` and ``server_name`` and implement
+    ``server_command``, ``generate`` and ``load_weights``.
+
+    ``support_logprobs_num``: how many top logprobs to request when a request truncates and has
+    no top-k (they must cover the kept set).
+    """
+
+    error: type[ServerError] = ServerError
+    server_name = "server"
+
+    def __init__(self, url: str, *, recipe: str | Recipe = "bf16", version: int = 0,
+                 timeout: float = 600.0, support_logprobs_num: int = 256,
+                 process: subprocess.Popen | None = None,
+                 model_dir: str | os.PathLike | None = None):
+        self.url = url.rstrip("/")
+        self.recipe = get_recipe(recipe)
+        self.version = version
+        self.timeout = timeout
+        self.support_logprobs_num = support_logprobs_num
+        self.process = process
+        #: the export the server holds (tokenizer files for environments); None if unknown
+        self.model_dir = model_dir
+
+    @classmethod
+    def server_command(cls, model_dir: str | os.PathLike, recipe: Recipe, *, version: int,
+                       host: str, port: int, options: dict) -> tuple[list[str], dict, dict]:
+        """``(command, extra environment, extra constructor keywords)`` that start a server for
+        ``recipe``; ``options`` are the constructor keywords ``launch`` was given."""
+        raise NotImplementedError
+
+    @classmethod
+    def launch(cls, model_dir: str | os.PathLike, recipe: str | Recipe = "bf16", *,
+               version: int = 0, host: str = "127.0.0.1", port: int | None = None,
+               extra_args: Sequence[str] = (), startup_timeout: float = 900.0,
+               log_path: str | os.PathLike | None = None, **kwargs):
+        """Start a server for ``recipe`` on ``model_dir`` and wait until it is healthy."""
+        recipe = get_recipe(recipe)
+        verify_export(model_dir, require_manifest=False)
+        port = port or free_port(host)
+        cmd, env, more = cls.server_command(model_dir, recipe, version=version, host=host,
+                                            port=port, options=kwargs)
+        proc = start_server([*cmd, *extra_args], log_path=log_path, env=env)
+        backend = cls(f"http://{host}:{port}", recipe=recipe, version=version, process=proc,
+                      model_dir=model_dir, **more, **kwargs)
+        try:
+            wait_healthy(lambda: backend._request("GET", "/health", None, timeout=5), proc,
+                         cls.server_name, startup_timeout, cls.error)
+        except BaseException:
+            backend.close()
+            raise
+        return backend
+
+    def close(self) -> None:
+        """Stop a server this backend launched (a server given by URL is left alone)."""
+        stop_server(self.process)
+        self.process = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _request(self, method: str, path: str, body: dict | None, *,
+                 timeout: float | None = None):
+        return request_json(self.url, method, path, body, timeout=timeout or self.timeout,
+                            error=self.error)
+
+    @staticmethod
+    def per_request(prompts: Sequence[Sequence[int]],
+                    params: SamplingParams | Sequence[SamplingParams]
+                    ) -> tuple[list[SamplingParams], list[int]]:
+        """One ``SamplingParams`` and seed per prompt (``engine.params.per_request``); every
+        prompt must hold a token."""
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("every prompt needs at least one token")
+        return per_request(len(prompts), params)
+
+    def top_logprobs_needed(self, p: SamplingParams) -> int:
+        """Top logprobs a request must return: the head and, when truncating, the kept set."""
+        if p.temperature == 0:
+            return max(p.head_k, 1)
+        if p.top_k > 0:
+            return max(p.head_k, p.top_k)
+        return max(p.head_k, self.support_logprobs_num if truncates(p) else 0)
+
+
+__all__ = ["ServerBackend", "ServerError", "as_version", "free_port", "request_json", "start_server",
+           "stop_server", "token_versions", "truncates", "wait_healthy"]

@@ -46,22 +46,18 @@ from __future__ import annotations
 import math
 import os
 import shutil
-import subprocess
 import sys
 from collections.abc import Sequence
 
 from sampler_torch.backends.http_server import (
+    ServerBackend,
     ServerError,
     as_version,
-    free_port,
-    request_json,
-    start_server,
-    stop_server,
     token_versions,
-    wait_healthy,
+    truncates,
 )
-from sampler_torch.engine.params import Completion, SamplingParams, per_request
-from sampler_torch.recipes import Recipe, RecipeError, WeightLoadError, get_recipe, verify_export
+from sampler_torch.engine.params import Completion, SamplingParams
+from sampler_torch.recipes import Recipe, RecipeError, WeightLoadError, verify_export
 
 #: ``--quantization`` per weight format (checkpoints also carry it in ``quantization_config``)
 QUANTIZATION = {"bf16": None, "fp8_block": "fp8", "nvfp4": "modelopt_fp4",
@@ -89,69 +85,27 @@ def server_args(recipe: Recipe) -> list[str]:
     return args
 
 
-class SGLangBackend:
+class SGLangBackend(ServerBackend):
     """``SGLangBackend(url)`` for a running server, or ``SGLangBackend.launch(model_dir, recipe)``.
 
     ``support_logprobs_num``: how many top logprobs to request when a request truncates and has
     no top-k (they must cover the kept set; see the module docstring).
     """
 
-    def __init__(self, url: str, *, recipe: str | Recipe = "bf16", version: int = 0,
-                 timeout: float = 600.0, support_logprobs_num: int = 256,
-                 native_sampling_mask: bool = True, process: subprocess.Popen | None = None,
-                 model_dir: str | os.PathLike | None = None):
-        self.url = url.rstrip("/")
-        #: the export the server holds (tokenizer files for environments); None if unknown
-        self.model_dir = model_dir
-        self.recipe = get_recipe(recipe)
-        self.version = version
-        self.timeout = timeout
-        self.support_logprobs_num = support_logprobs_num
-        self.native_sampling_mask = native_sampling_mask
-        self.process = process
+    error = SGLangError
+    server_name = "sglang server"
 
-    # ------------------------------------------------------------------ server lifecycle
+    def __init__(self, url: str, *, native_sampling_mask: bool = True, **kwargs):
+        super().__init__(url, **kwargs)
+        self.native_sampling_mask = native_sampling_mask
 
     @classmethod
-    def launch(cls, model_dir: str | os.PathLike, recipe: str | Recipe = "bf16", *,
-               version: int = 0, host: str = "127.0.0.1", port: int | None = None,
-               extra_args: Sequence[str] = (), startup_timeout: float = 900.0,
-               log_path: str | os.PathLike | None = None, **kwargs) -> SGLangBackend:
-        """Start ``python -m sglang.launch_server`` for ``recipe`` on ``model_dir`` and wait for it."""
-        recipe = get_recipe(recipe)
-        verify_export(model_dir, require_manifest=False)
-        port = port or free_port(host)
-        cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model_dir),
-               "--host", host, "--port", str(port), "--skip-tokenizer-init",
-               "--weight-version", str(version), *server_args(recipe), *extra_args]
-        proc = start_server(cmd, log_path=log_path)
-        backend = cls(f"http://{host}:{port}", recipe=recipe, version=version, process=proc,
-                      model_dir=model_dir, **kwargs)
-        try:
-            wait_healthy(lambda: backend._request("GET", "/health", None, timeout=5), proc,
-                         "sglang server", startup_timeout, SGLangError)
-        except BaseException:
-            backend.close()
-            raise
-        return backend
-
-    def close(self) -> None:
-        """Stop a server this backend launched (a server given by URL is left alone)."""
-        stop_server(self.process)
-        self.process = None
-
-    def __enter__(self) -> SGLangBackend:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    # ------------------------------------------------------------------ HTTP
-
-    def _request(self, method: str, path: str, body: dict | None, *,
-                 timeout: float | None = None):
-        return request_json(self.url, method, path, body, timeout=timeout or self.timeout,
-                            error=SGLangError)
+    def server_command(cls, model_dir: str | os.PathLike, recipe: Recipe, *, version: int,
+                       host: str, port: int, options: dict) -> tuple[list[str], dict, dict]:
+        """``python -m sglang.launch_server`` for ``recipe`` on ``model_dir``."""
+        return ([sys.executable, "-m", "sglang.launch_server", "--model-path", str(model_dir),
+                 "--host", host, "--port", str(port), "--skip-tokenizer-init",
+                 "--weight-version", str(version), *server_args(recipe)], {}, {})
 
     # ------------------------------------------------------------------ weights
 
@@ -186,16 +140,8 @@ class SGLangBackend:
                              "max_new_tokens": p.max_new_tokens,
                              "stop_token_ids": list(p.stop_token_ids),
                              "sampling_seed": seed, "no_stop_trim": True})
-            truncates = p.temperature == 0 or p.top_p < 1 or p.top_k > 0
-            # Top logprobs must cover the head and, when truncating, the whole kept set.
-            if p.temperature == 0:
-                need = max(p.head_k, 1)
-            elif p.top_k > 0:
-                need = max(p.head_k, p.top_k)
-            else:
-                need = max(p.head_k, self.support_logprobs_num if truncates else 0)
-            top_n.append(need)
-            masks.append(truncates)
+            top_n.append(self.top_logprobs_needed(p))
+            masks.append(truncates(p))
         body = {"input_ids": [list(map(int, x)) for x in prompts], "sampling_params": sampling,
                 "return_logprob": True, "logprob_start_len": -1, "top_logprobs_num": top_n}
         if native and any(masks):
@@ -205,11 +151,9 @@ class SGLangBackend:
     def generate(self, prompts: Sequence[Sequence[int]],
                  params: SamplingParams | Sequence[SamplingParams]) -> list[Completion]:
         """One batched ``/generate`` call; completions in prompt order (see the module doc)."""
-        plist, seeds = per_request(len(prompts), params)
+        plist, seeds = self.per_request(prompts, params)
         if not prompts:
             return []
-        if any(len(p) == 0 for p in prompts):
-            raise ValueError("every prompt needs at least one token")
         try:
             out = self._request("POST", "/generate",
                                 self._payload(prompts, plist, seeds, self.native_sampling_mask))
@@ -245,10 +189,10 @@ class SGLangBackend:
         if len(token_lp) != n or len(top) != n:
             raise SGLangError(f"request {index}: {n} output ids but {len(token_lp)} logprobs and "
                               f"{len(top)} top-logprob lists")
-        truncates = p.temperature == 0 or p.top_p < 1 or p.top_k > 0
+        kept_set = truncates(p)
         out = Completion(index=index, prompt_ids=prompt, seed=seed,
-                         support_ids=[] if truncates else None,
-                         support_logprobs=[] if truncates else None,
+                         support_ids=[] if kept_set else None,
+                         support_logprobs=[] if kept_set else None,
                          finish_reason="stop" if finish.get("type") == "stop" else "length")
         masks = meta.get("output_token_sampling_mask")
         mask_lp = meta.get("output_token_sampling_logprobs")
@@ -262,7 +206,7 @@ class SGLangBackend:
             out.logprobs_full.append(lq)
             out.head_ids.append([i for _, i in ranked[: p.head_k]])
             out.head_logprobs.append([v for v, _ in ranked[: p.head_k]])
-            if not truncates:
+            if not kept_set:
                 out.logprobs.append(lq)
                 continue
             if masks is not None and mask_lp is not None:

@@ -52,7 +52,6 @@ import json
 import math
 import os
 import shutil
-import subprocess
 import sys
 import threading
 from collections.abc import Sequence
@@ -60,16 +59,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from sampler_torch.backends.http_server import (
+    ServerBackend,
     ServerError,
-    free_port,
-    request_json,
-    start_server,
-    stop_server,
     token_versions,
-    wait_healthy,
+    truncates,
 )
-from sampler_torch.engine.params import Completion, SamplingParams, per_request
-from sampler_torch.recipes import Recipe, RecipeError, WeightLoadError, get_recipe, verify_export
+from sampler_torch.engine.params import Completion, SamplingParams
+from sampler_torch.recipes import Recipe, RecipeError, WeightLoadError, verify_export
 
 #: ``--quantization`` per weight format (vLLM also reads it from ``quantization_config``); vLLM
 #: has no loader for SGLang's ``w8a8_int8`` layout, and its mxfp4 is gpt-oss' MoE only.
@@ -98,10 +94,6 @@ def server_args(recipe: Recipe, *, max_logprobs: int = 256) -> list[str]:
     if QUANTIZATION[recipe.weight_format]:
         args += ["--quantization", QUANTIZATION[recipe.weight_format]]
     return args
-
-
-def _truncates(p: SamplingParams) -> bool:
-    return p.temperature == 0 or p.top_p < 1 or p.top_k > 0
 
 
 def _token_id(key) -> int:
@@ -155,31 +147,25 @@ def rebuilt_support(p: SamplingParams, ranked: list[tuple[float, int]]) -> list[
     return [t for _, t in kept] if p.top_k > 0 or before >= p.top_p else None
 
 
-class VLLMBackend:
+class VLLMBackend(ServerBackend):
     """``VLLMBackend(url)`` for a running server, or ``VLLMBackend.launch(model_dir, recipe)``.
 
     ``logprobs_mode``: the server's ``--logprobs-mode``. ``support_logprobs_num``: top logprobs
     requested when a request truncates without top-k (they must cover the kept set; the
-    server's ``--max-logprobs`` must allow it).
+    server's ``--max-logprobs`` must allow it). ``model``: the served model name (else asked of
+    ``/v1/models``).
     """
 
-    def __init__(self, url: str, *, recipe: str | Recipe = "bf16", version: int = 0,
-                 timeout: float = 600.0, support_logprobs_num: int = 256,
-                 logprobs_mode: str = "raw_logprobs", model: str | None = None,
-                 process: subprocess.Popen | None = None,
-                 model_dir: str | os.PathLike | None = None, max_parallel: int = 64):
+    error = VLLMError
+    server_name = "vllm server"
+
+    def __init__(self, url: str, *, logprobs_mode: str = "raw_logprobs", model: str | None = None,
+                 max_parallel: int = 64, **kwargs):
         if logprobs_mode not in LOGPROBS_MODES:
             raise ValueError(f"logprobs_mode must be one of {', '.join(LOGPROBS_MODES)}, got "
                              f"{logprobs_mode!r}")
-        self.url = url.rstrip("/")
-        self.recipe = get_recipe(recipe)
-        self.version = version
-        self.timeout = timeout
-        self.support_logprobs_num = support_logprobs_num
+        super().__init__(url, **kwargs)
         self.logprobs_mode = logprobs_mode
-        self.process = process
-        #: the export the server holds (tokenizer files for environments); None if unknown
-        self.model_dir = model_dir
         self._model = model
         self._pool = ThreadPoolExecutor(max_parallel, thread_name_prefix="mixrl-vllm")
         # Requests hold the gate shared; a reload holds it alone, so none of ours spans it.
@@ -188,49 +174,21 @@ class VLLMBackend:
         self._reloading = False
         self._transfer_ready = False
 
-    # ------------------------------------------------------------------ server lifecycle
-
     @classmethod
-    def launch(cls, model_dir: str | os.PathLike, recipe: str | Recipe = "bf16", *,
-               version: int = 0, host: str = "127.0.0.1", port: int | None = None,
-               extra_args: Sequence[str] = (), startup_timeout: float = 900.0,
-               log_path: str | os.PathLike | None = None, **kwargs) -> VLLMBackend:
-        """Start ``vllm serve`` for ``recipe`` on ``model_dir`` and wait until it is healthy."""
-        recipe = get_recipe(recipe)
-        verify_export(model_dir, require_manifest=False)
-        port = port or free_port(host)
-        support = kwargs.get("support_logprobs_num", 256)
+    def server_command(cls, model_dir: str | os.PathLike, recipe: Recipe, *, version: int,
+                       host: str, port: int, options: dict) -> tuple[list[str], dict, dict]:
+        """``vllm serve`` for ``recipe`` on ``model_dir``, with the RLHF routes enabled."""
         cmd = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", str(model_dir),
                "--host", host, "--port", str(port), "--served-model-name", SERVED_NAME,
-               "--skip-tokenizer-init", *server_args(recipe, max_logprobs=support), *extra_args]
+               "--skip-tokenizer-init",
+               *server_args(recipe, max_logprobs=options.get("support_logprobs_num", 256))]
         # The pause/resume and weight-update routes exist only in development mode.
-        proc = start_server(cmd, log_path=log_path, env={"VLLM_SERVER_DEV_MODE": "1"})
-        backend = cls(f"http://{host}:{port}", recipe=recipe, version=version, process=proc,
-                      model=SERVED_NAME, model_dir=model_dir, **kwargs)
-        try:
-            wait_healthy(lambda: backend._request("GET", "/health", None, timeout=5), proc,
-                         "vllm server", startup_timeout, VLLMError)
-        except BaseException:
-            backend.close()
-            raise
-        return backend
+        return cmd, {"VLLM_SERVER_DEV_MODE": "1"}, {"model": SERVED_NAME}
 
     def close(self) -> None:
         """Stop a server this backend launched (a server given by URL is left alone)."""
-        stop_server(self.process)
-        self.process = None
+        super().close()
         self._pool.shutdown(wait=False, cancel_futures=True)
-
-    def __enter__(self) -> VLLMBackend:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def _request(self, method: str, path: str, body: dict | None, *,
-                 timeout: float | None = None):
-        return request_json(self.url, method, path, body, timeout=timeout or self.timeout,
-                            error=VLLMError)
 
     @property
     def model(self) -> str:
@@ -280,37 +238,28 @@ class VLLMBackend:
             raise VLLMError(f"temperature {p.temperature}: vLLM's raw_logprobs are before "
                             "temperature; serve with --logprobs-mode processed_logprobs (exact "
                             "without truncation) or sample at temperature 1")
-        if self.logprobs_mode == "processed_logprobs" and _truncates(p):
+        if self.logprobs_mode == "processed_logprobs" and truncates(p):
             raise VLLMError("top-p/top-k/greedy under --logprobs-mode processed_logprobs: vLLM "
                             "reports no log q(S) to recover log q; serve with --logprobs-mode "
                             "raw_logprobs and sample at temperature 1")
 
     def _body(self, prompt: Sequence[int], p: SamplingParams, seed: int) -> dict:
-        truncates = _truncates(p)
-        if p.temperature == 0:
-            need = max(p.head_k, 1)
-        elif p.top_k > 0:
-            need = max(p.head_k, p.top_k)
-        else:
-            need = max(p.head_k, self.support_logprobs_num if truncates else 0)
         body = {"model": self.model, "prompt": [int(t) for t in prompt],
                 "max_tokens": p.max_new_tokens, "temperature": p.temperature, "top_p": p.top_p,
                 "top_k": p.top_k if p.top_k > 0 else -1, "seed": seed,
-                "stop_token_ids": list(p.stop_token_ids), "logprobs": need,
+                "stop_token_ids": list(p.stop_token_ids), "logprobs": self.top_logprobs_needed(p),
                 "return_tokens_as_token_ids": True, "return_token_ids": True,
                 "skip_special_tokens": False, "include_stop_str_in_output": True}
-        if truncates:
+        if truncates(p):
             body["return_sampling_mask"] = True
         return body
 
     def generate(self, prompts: Sequence[Sequence[int]],
                  params: SamplingParams | Sequence[SamplingParams]) -> list[Completion]:
         """One ``/v1/completions`` call per prompt, in parallel; completions in prompt order."""
-        plist, seeds = per_request(len(prompts), params)
+        plist, seeds = self.per_request(prompts, params)
         if not prompts:
             return []
-        if any(len(p) == 0 for p in prompts):
-            raise ValueError("every prompt needs at least one token")
         for p in plist:
             self._check_exact(p)
         with self._gate:
@@ -347,11 +296,11 @@ class VLLMBackend:
         if len(token_lp) != n or len(top) != n:
             raise VLLMError(f"request {index}: {n} output ids but {len(token_lp)} logprobs and "
                             f"{len(top)} top-logprob lists")
-        truncates = _truncates(p)
-        masks = sampling_mask_rows(choice.get("sampling_mask"), n) if truncates else None
+        kept_set = truncates(p)
+        masks = sampling_mask_rows(choice.get("sampling_mask"), n) if kept_set else None
         out = Completion(index=index, prompt_ids=prompt, seed=seed,
-                         support_ids=[] if truncates else None,
-                         support_logprobs=[] if truncates else None,
+                         support_ids=[] if kept_set else None,
+                         support_logprobs=[] if kept_set else None,
                          finish_reason="stop" if choice.get("finish_reason") == "stop"
                          else "length")
         for t, x in enumerate(ids):
@@ -363,7 +312,7 @@ class VLLMBackend:
             out.logprobs_full.append(lq)
             out.head_ids.append([i for _, i in ranked[: p.head_k]])
             out.head_logprobs.append([v for v, _ in ranked[: p.head_k]])
-            if not truncates:
+            if not kept_set:
                 out.logprobs.append(lq)
                 continue
             kept = masks[t] if masks is not None else rebuilt_support(p, ranked)

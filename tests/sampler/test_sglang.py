@@ -5,14 +5,11 @@ The fake server's "model" is a fixed table of next-token logits per weights vers
 the previous token, so the test knows every distribution exactly and checks the backend's
 conversion (SGLang's post-temperature logprobs -> the behaviour record) against it."""
 
-import json
 import math
-import shutil
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
 import pytest
+from fake_http import JSONServer, good_and_corrupt_exports
 
 from sampler_torch.backends import SGLangBackend, SGLangError, server_args, sglang_available
 from sampler_torch.engine import SamplingParams
@@ -30,50 +27,23 @@ def _logq(version: str, prev: int, temperature: float) -> np.ndarray:
     return z - np.log(np.exp(z - z.max()).sum()) - z.max()
 
 
-class FakeSGLang:
+class FakeSGLang(JSONServer):
     """A toy server speaking SGLang 0.5's HTTP API (``--skip-tokenizer-init``)."""
 
     def __init__(self, *, native_mask: bool = True, spans: bool = True):
         self.native_mask, self.spans = native_mask, spans
         self.version = "0"
         self.switch_after: tuple[int, str] | None = None  # (tokens, version) for the next call
-        self.requests: list[tuple[str, dict]] = []
-        fake = self
+        super().__init__()
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
-
-            def _send(self, code, obj):
-                raw = json.dumps(obj).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(raw)))
-                self.end_headers()
-                self.wfile.write(raw)
-
-            def do_GET(self):
-                self._send(200, {}) if self.path == "/health" else self._send(404, {})
-
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                fake.requests.append((self.path, body))
-                if self.path == "/generate":
-                    code, obj = fake.generate(body)
-                elif self.path == "/update_weights_from_disk":
-                    code, obj = fake.update(body)
-                else:
-                    code, obj = 404, {"detail": "Not Found"}
-                self._send(code, obj)
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
+    def route(self, method, path, body, query):
+        if method == "GET":
+            return (200, {}) if path == "/health" else (404, {})
+        if path == "/generate":
+            return self.generate(body)
+        if path == "/update_weights_from_disk":
+            return self.update(body)
+        return 404, {"detail": "Not Found"}
 
     def update(self, body):
         if "bad" in body["model_path"]:
@@ -226,16 +196,8 @@ def test_versions_without_spans_use_the_single_weight_version():
 
 @pytest.fixture(scope="module")
 def exports(hf_model_dir, tmp_path_factory):
-    from convert.export import export_hf
-    from convert.hf_checkpoint import HFCheckpoint
-
     path, _ = hf_model_dir("dense_tied_gqa2")
-    ckpt = HFCheckpoint(path)
-    good = export_hf(ckpt.tensors(), ckpt.config, tmp_path_factory.mktemp("sg") / "v1", "bf16")
-    bad = tmp_path_factory.mktemp("sg") / "corrupt"
-    shutil.copytree(good, bad)
-    (bad / "config.json").write_text((bad / "config.json").read_text() + " ")
-    return good, bad
+    return good_and_corrupt_exports(path, tmp_path_factory.mktemp("sg"))
 
 
 def test_load_weights_verifies_then_reloads(fake, exports):

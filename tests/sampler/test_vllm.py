@@ -9,14 +9,12 @@ conversion (vLLM's raw or processed logprobs + the kept set -> the behaviour rec
 
 import json
 import math
-import shutil
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import urlparse
 
 import numpy as np
 import pytest
+from fake_http import JSONServer, good_and_corrupt_exports
 
 from sampler_torch.backends import VLLMBackend, VLLMError, vllm_available, vllm_server_args
 from sampler_torch.backends.vllm import rebuilt_support, sampling_mask_rows
@@ -48,56 +46,27 @@ def _kept(logq: np.ndarray, top_p: float, top_k: int) -> np.ndarray:
     return order[keep]
 
 
-class FakeVLLM:
+class FakeVLLM(JSONServer):
     """A toy server speaking vLLM's OpenAI-compatible completions API and RLHF routes."""
 
     def __init__(self, *, logprobs_mode="raw_logprobs", mask="csr", delay=0.0):
         self.logprobs_mode, self.mask, self.delay = logprobs_mode, mask, delay
+        super().__init__()
         self.version = 0
         self.paused = False
-        self.requests: list[tuple[str, dict | None]] = []
         self.events: list[str] = []
-        fake = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
-
-            def _send(self, code, obj):
-                raw = json.dumps(obj).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(raw)))
-                self.end_headers()
-                self.wfile.write(raw)
-
-            def do_GET(self):
-                if self.path == "/health":
-                    self._send(200, {})
-                elif self.path == "/v1/models":
-                    self._send(200, {"object": "list", "data": [{"id": MODEL, "object": "model"}]})
-                else:
-                    self._send(404, {"detail": "Not Found"})
-
-            def do_POST(self):
-                length = int(self.headers.get("Content-Length") or 0)
-                body = json.loads(self.rfile.read(length)) if length else None
-                url = urlparse(self.path)
-                fake.requests.append((self.path, body))
-                handler = {"/v1/completions": fake.completions, "/pause": fake.pause,
-                           "/resume": fake.resume, "/update_weights": fake.update,
-                           "/init_weight_transfer_engine": fake.init}.get(url.path)
-                code, obj = handler(body, url.query) if handler else (404, {"detail": "Not Found"})
-                self._send(code, obj)
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
+    def route(self, method, path, body, query):
+        if method == "GET":
+            if path == "/health":
+                return 200, {}
+            if path == "/v1/models":
+                return 200, {"object": "list", "data": [{"id": MODEL, "object": "model"}]}
+            return 404, {"detail": "Not Found"}
+        handler = {"/v1/completions": self.completions, "/pause": self.pause,
+                   "/resume": self.resume, "/update_weights": self.update,
+                   "/init_weight_transfer_engine": self.init}.get(path)
+        return handler(body, query) if handler else (404, {"detail": "Not Found"})
 
     def init(self, body, query):
         return 200, {"message": "Weight transfer initialized"}
@@ -328,16 +297,8 @@ def test_server_args_per_recipe():
 
 @pytest.fixture(scope="module")
 def exports(hf_model_dir, tmp_path_factory):
-    from convert.export import export_hf
-    from convert.hf_checkpoint import HFCheckpoint
-
     path, _ = hf_model_dir("dense_tied_gqa2")
-    ckpt = HFCheckpoint(path)
-    good = export_hf(ckpt.tensors(), ckpt.config, tmp_path_factory.mktemp("vl") / "v1", "bf16")
-    bad = tmp_path_factory.mktemp("vl") / "corrupt"
-    shutil.copytree(good, bad)
-    (bad / "config.json").write_text((bad / "config.json").read_text() + " ")
-    return good, bad
+    return good_and_corrupt_exports(path, tmp_path_factory.mktemp("vl"))
 
 
 @pytest.mark.gpu
