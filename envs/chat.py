@@ -102,13 +102,15 @@ class Chat:
         """Token ids of ``messages`` followed by the generation prompt (what the model continues)."""
         return self.encode(self.render(messages, add_generation_prompt=True, tools=tools))
 
-    def turn_ids(self, messages: Sequence[Message], *, tools: Sequence[dict] | None = None) -> list[int]:
+    def turn_ids(self, messages: Sequence[Message], *, tools: Sequence[dict] | None = None,
+                 **kwargs) -> list[int]:
         """Ids to append after the model's reply (ending at its stop token): ``messages`` (tool
         results, user turns) rendered as the template renders them after an assistant turn, then the
-        next generation prompt. The reply itself is never rendered, so its ids stay the sampler's."""
+        next generation prompt (``kwargs``: template arguments). The reply itself is never
+        rendered, so its ids stay the sampler's."""
         head = [{"role": "user", "content": "."}, {"role": "assistant", "content": _PLACEHOLDER}]
-        before = self.render(head, tools=tools)
-        after = self.render([*head, *messages], add_generation_prompt=True, tools=tools)
+        before = self.render(head, tools=tools, **kwargs)
+        after = self.render([*head, *messages], add_generation_prompt=True, tools=tools, **kwargs)
         start = after.find(_PLACEHOLDER)
         if start < 0 or before.find(_PLACEHOLDER) != start:
             raise ChatTemplateError("chat template does not render an assistant turn verbatim")

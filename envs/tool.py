@@ -7,6 +7,9 @@ Turn format (tags are single special tokens of the tokenizer, ``TOOL_TAGS``):
     <out>17\\n</out>\\n                       observation (loss-masked)
     <submit>17</submit>                     policy turn: ends the episode
 
+With a real model's tokenizer (one that comes with a chat template) the environment speaks the
+model's own tool protocol instead: ``envs.tool_calls``.
+
 The command runs in a fresh ``Sandbox`` per episode. The episode ends on a submit (reward 1 if
 the hidden check passes), at the turn limit, or after three consecutive turns without a tool call
 (the agent-harness rule of the seed experiment); an empty last reply is recorded as
@@ -19,7 +22,9 @@ import numpy as np
 
 from convert.tokenizer import TOOL_TAGS
 from envs.base import Environment, Episode, StepResult, Task, register_env
+from envs.chat import Chat
 from envs.sandbox import Sandbox, SandboxLimits
+from envs.tool_calls import ChatToolEpisode
 
 TOOL_OPEN, TOOL_CLOSE, OUT_OPEN, OUT_CLOSE, SUBMIT_OPEN, SUBMIT_CLOSE = TOOL_TAGS
 MAX_TOOLLESS_TURNS = 3
@@ -94,8 +99,9 @@ class ShellTasks(Environment):
                  limits: SandboxLimits | None = None, allow_unisolated: bool = False,
                  families: tuple[str, ...] | None = None):
         super().__init__(tokenizer, difficulty)
+        self.chat = Chat.from_tokenizer(tokenizer)
         missing = [t for t in TOOL_TAGS if tokenizer.token_to_id(t) is None]
-        if missing:
+        if missing and self.chat is None:
             raise ValueError(f"tokenizer lacks the tool tags {missing}")
         self.max_turns, self.max_observation_chars = max_turns, max_observation_chars
         self.limits = limits or SandboxLimits(wall_seconds=2.0, cpu_seconds=2)
@@ -126,9 +132,13 @@ class ShellTasks(Environment):
         # with defaults.
         payload.update(family=family, max_turns=self.max_turns,
                        max_observation_chars=self.max_observation_chars)
+        if self.chat is not None:
+            payload["chat_template_kwargs"] = dict(self.chat_template_kwargs)
         return Task(task_id, self.name, payload)
 
-    def start(self, task: Task) -> ToolEpisode:
+    def start(self, task: Task) -> Episode:
+        if self.chat is not None:
+            return ChatToolEpisode(self, task, self.chat)
         return ToolEpisode(self, task)
 
     def observation(self, output: str, max_chars: int | None = None) -> list[int]:
@@ -148,6 +158,9 @@ class ShellTasks(Environment):
 
     def demonstration(self, task: Task) -> tuple[list[int], list[int]]:
         """Call the solution command for real, then submit what the check expects."""
+        if self.chat is not None:
+            with self.start(task) as episode:
+                return episode.demonstration()
         tid = self.tokenizer.token_to_id
         ids, mask = [], []
 

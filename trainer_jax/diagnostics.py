@@ -25,6 +25,10 @@ PLOTS = {
     "loss": ["loss"],
     "throughput": ["tokens_per_s", "trainer_idle_share"],
     "terminations": ["termination/*"],
+    # Tool episodes in the model's format: shares of turns (the seed's collapse signatures).
+    "tool_calls": ["tool/*", "group/*/tool_malformed", "group/*/tool_empty", "group/*/tool_toolless"],
+    "reward_failures": ["reward_errors", "reward_timeouts", "group/*/reward_errors",
+                        "group/*/reward_timeouts"],
 }
 
 

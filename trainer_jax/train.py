@@ -291,7 +291,7 @@ class Trainer:
                 self.meta["step"] += 1
                 step = self.meta["step"]
                 values = self._step_metrics(groups, samples, taken, rewards, result, t1 - t0, t2 - t1)
-                values.update(self.source.metrics([t for g in groups for t in g.trajectories]))
+                values.update(self.source.metrics(groups))
                 if step % cfg.train.publish_every == 0:
                     self.meta["version"] += 1
                     self.publisher.request(self.meta["version"], snapshot(self.model))

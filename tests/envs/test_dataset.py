@@ -96,11 +96,12 @@ def test_reward_failures_counted_per_group_with_user_metrics(rows):
         src.rewards.put((7, 2), RewardResult(0.0, error="timeout", timed_out=True))
         trajs = [SimpleNamespace(task_id=7, sample_index=i, group=g)
                  for i, g in enumerate(["bf16", "fp8", "fp8"])]
-        m = src.metrics(trajs)
+        groups = [SimpleNamespace(spec=spec, trajectories=trajs)]
+        m = src.metrics(groups)
         # answer=None != completion: the user's function scored 0 without error and gave its metrics.
         assert m["reward_errors"] == 0 and m["reward_timeouts"] == 1 and m["group/fp8/reward_timeouts"] == 1
         assert m["group/bf16/reward_timeouts"] == 0 and m["reward/chars"] == 0.5
-        assert src.metrics(trajs) == {}  # read once
+        assert src.metrics(groups) == {}  # read once
     finally:
         src.close()
 
@@ -135,3 +136,19 @@ def test_parquet_and_message_lists(tmp_path, model_dir):
             assert "<|im_start|>user\nhello<|im_end|>" in text
     finally:
         env.close()
+
+
+def test_the_qwen3_gsm8k_config_loads_once_its_files_exist(rows, tmp_path):
+    text = (Path(__file__).parents[2] / "configs/qwen3_gsm8k.yaml").read_text()
+    with pytest.raises(ConfigError, match="data/gsm8k/train.jsonl' does not exist"):
+        load_config(_write(tmp_path / "as_shipped.yaml", text))
+    local = text.replace("data/gsm8k/train.jsonl", str(rows)).replace("data/gsm8k/test.jsonl", str(rows))
+    cfg = load_config(_write(tmp_path / "local.yaml", local))
+    assert cfg.tasks.mix[0].options["reward"] == "math"
+    assert cfg.tasks.chat_template_kwargs == {"enable_thinking": False}
+    assert {g.weight_format for g in cfg.groups} == {"bf16", "fp8_block"}
+
+
+def _write(path, text):
+    path.write_text(text)
+    return path

@@ -18,9 +18,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from convert.tokenizer import char_tokenizer
+from convert.tokenizer import char_tokenizer, source_dir
 from envs import Environment, Task, make_env
 from envs.rewards import RewardResult
+from envs.tool_calls import turn_stats
 from mixrl_wire.sampling import SamplingParams
 
 if TYPE_CHECKING:
@@ -95,6 +96,13 @@ class EnvTaskSource:
 
     @property
     def vocab_size(self) -> int:
+        """The model's vocabulary when the tokenizer came from a model directory (Qwen3 pads its
+        151,669 tokens to 151,936 rows: a sampled padding id is valid on the wire), else the tokenizer's."""
+        d = source_dir(self.tokenizer)
+        if d is not None and (d / "config.json").is_file():
+            vocab = json.loads((d / "config.json").read_text()).get("vocab_size")
+            if isinstance(vocab, int) and vocab >= self.tokenizer.get_vocab_size():
+                return vocab
         return self.tokenizer.get_vocab_size()
 
     def _choice(self, n: int) -> tuple[np.random.Generator, int]:
@@ -152,10 +160,30 @@ class EnvTaskSource:
             return result.reward
         return result
 
-    def metrics(self, trajectories) -> dict[str, float]:
-        """Reward-function metrics of a step's trajectories: failures and timeouts per sampler
-        group, and the mean of each numeric key the reward returned beside ``reward``."""
-        return self.rewards.metrics(trajectories)
+    def metrics(self, groups) -> dict[str, float]:
+        """Diagnostics of a step's ``TrajectoryGroup`` s the service cannot see on its own:
+        reward-function failures and timeouts per sampler group with the mean of each numeric key
+        the reward returned beside ``reward``, and, for tool episodes in the model's own format,
+        the shares of turns with a malformed call, an empty reply or no tool call (per group and
+        overall, ``tool/*``)."""
+        values = self.rewards.metrics([t for g in groups for t in g.trajectories])
+        stats: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+        for g in groups:
+            env = g.spec.private[1] if isinstance(g.spec.private, tuple) else None
+            chat = getattr(env, "chat", None)
+            if env is None or env.single_turn or chat is None:
+                continue
+            for t in g.trajectories:
+                counts = turn_stats(chat, t.token_ids, t.loss_mask)
+                stats[t.group].update(counts)
+                stats[""].update(counts)
+        for group, c in stats.items():
+            turns = max(1, c["turns"])
+            prefix = "tool/" if group == "" else f"group/{group}/tool_"
+            values.update({f"{prefix}malformed": c["malformed_calls"] / turns,
+                           f"{prefix}empty": c["empty_replies"] / turns,
+                           f"{prefix}toolless": c["toolless_turns"] / turns})
+        return values
 
     def close(self) -> None:
         for env in self.envs:
