@@ -35,6 +35,8 @@ from __future__ import annotations
 import dataclasses
 
 WEIGHT_FORMATS = ("bf16", "fp8_block", "nvfp4", "mxfp4", "w8a8_int8")
+#: ``mixrl-sample --backend`` choice -> the label a registration's ``Recipe.backend`` carries
+BACKENDS = {"engine": "mixrl-engine", "sglang": "sglang", "vllm": "vllm"}
 ACTIVATIONS = ("none", "fp8_g128", "nvfp4", "int8_token")
 KV_CACHE_DTYPES = ("auto", "bf16", "float32", "fp8_e4m3", "fp8_e5m2")
 ATTENTION_IMPLS = ("sdpa", "eager")

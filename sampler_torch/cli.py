@@ -1,6 +1,7 @@
 """`mixrl-sample`: run a sampler that joins a trainer over gRPC.
 
     MIXRL_TOKEN=... mixrl-sample --trainer HOST:PORT --group NAME --recipe fp8 --model-dir DIR
+        [--backend engine|sglang|vllm [--server-url URL]]
 
 Leases tasks, generates with the engine in the given precision recipe, submits trajectories and
 reloads weights in flight as the trainer publishes them (verified against the sha256 manifest).
@@ -29,6 +30,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--recipe-override", action="append", default=[], metavar="FIELD=VALUE",
                    help="override a recipe field, e.g. kv_cache_dtype=fp8_e4m3 (repeatable)")
     p.add_argument("--model-dir", required=True, help="initial weights (export in the recipe's format)")
+    p.add_argument("--backend", choices=("engine", "sglang", "vllm"), default="engine",
+                   help="what generates: the torch engine here, or an SGLang / vLLM server")
+    p.add_argument("--server-url", default=None, metavar="URL",
+                   help="attach to a running sglang/vllm server holding --model-dir; without it "
+                        "the server is started with the recipe's arguments and stopped on exit")
+    p.add_argument("--server-arg", action="append", default=[], metavar="ARG",
+                   help="extra argument for a server we start (repeatable), e.g. "
+                        "--server-arg=--mem-fraction-static=0.5")
+    p.add_argument("--server-log", default=None, metavar="FILE", help="where a started server logs")
     p.add_argument("--token-file", help="file holding the bearer token (default: $MIXRL_TOKEN)")
     p.add_argument("--capacity", type=int, default=8, help="samples leased and generated per round")
     p.add_argument("--max-batch", type=int, default=32, help="engine batch slots")
@@ -78,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from sampler_torch.engine import Engine
+    from sampler_torch.backends import BACKENDS, ServerError, open_backend
     from sampler_torch.loop import LoopConfig, SamplerLoop
     from sampler_torch.recipes import RecipeError, get_recipe
 
@@ -89,7 +99,13 @@ def main(argv: list[str] | None = None) -> int:
     except RecipeError as e:
         print(f"mixrl-sample: {e}", file=sys.stderr)
         return 2
-    engine = Engine(args.model_dir, recipe, max_batch=args.max_batch)
+    try:
+        engine = open_backend(args.backend, args.model_dir, recipe, server_url=args.server_url,
+                              max_batch=args.max_batch, server_extra_args=args.server_arg,
+                              log_path=args.server_log)
+    except (RecipeError, ValueError, ServerError) as e:  # a server refusing the recipe, or down
+        print(f"mixrl-sample: --backend {args.backend}: {e}", file=sys.stderr)
+        return 2
     tls = None
     if args.tls_ca or args.tls_cert:
         tls = TLSOptions(ca_file=args.tls_ca, cert_file=args.tls_cert, key_file=args.tls_key,
@@ -100,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         weight_formats=(recipe.weight_format,), name=args.name or f"{socket.gethostname()}:{os.getpid()}",
         recipe=dict(name=recipe.name, weight_format=recipe.weight_format,
                     activation_format=recipe.activations, kv_dtype=recipe.describe()["kv_cache_dtype"],
-                    backend="mixrl-engine"),
+                    backend=BACKENDS[args.backend]),
         tls=tls)
     loop = SamplerLoop(client, engine, LoopConfig(
         capacity=args.capacity, weights_cache=args.weights_cache, transfer=args.weights_transfer,
@@ -120,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
         return 3 if e.code.name in ("UNAUTHENTICATED", "PERMISSION_DENIED") else 1
     finally:
         client.close()
+        if hasattr(engine, "close"):  # stops a server we started (an attached one is left alone)
+            engine.close()
     log.info("done: %d rounds, %d accepted, %d duplicates, refused %s, weights %s, %d weight failures",
              stats.rounds, stats.accepted, stats.duplicates, dict(stats.refused), stats.weight_versions,
              stats.weight_failures)

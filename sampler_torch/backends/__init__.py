@@ -1,10 +1,46 @@
-"""External inference servers as sampler backends (same ``generate``/``load_weights`` API as the
-torch engine): SGLang and vLLM over their HTTP servers."""
+"""What generates for a sampler: the torch engine, or an external inference server (SGLang,
+vLLM over HTTP) with the same ``generate``/``load_weights`` API; ``open_backend`` builds the one
+``mixrl-sample --backend`` names."""
 
-from sampler_torch.backends.http_server import ServerError
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+from mixrl_wire.recipes import BACKENDS
+from sampler_torch.backends.http_server import ServerBackend, ServerError
 from sampler_torch.backends.sglang import SGLangBackend, SGLangError, server_args, sglang_available
 from sampler_torch.backends.vllm import VLLMBackend, VLLMError, vllm_available
 from sampler_torch.backends.vllm import server_args as vllm_server_args
+from sampler_torch.recipes import Recipe
 
-__all__ = ["SGLangBackend", "SGLangError", "ServerError", "VLLMBackend", "VLLMError",
-           "server_args", "sglang_available", "vllm_available", "vllm_server_args"]
+SERVERS: dict[str, type[ServerBackend]] = {"sglang": SGLangBackend, "vllm": VLLMBackend}
+
+
+def open_backend(kind: str, model_dir: str | os.PathLike, recipe: Recipe, *,
+                 server_url: str | None = None, max_batch: int = 32,
+                 server_extra_args: Sequence[str] = (),
+                 log_path: str | os.PathLike | None = None):
+    """The backend ``kind`` (a key of ``mixrl_wire.recipes.BACKENDS``) serving ``model_dir``.
+
+    ``engine``: the torch engine in this process. A server kind attaches to ``server_url`` (a
+    server already holding ``model_dir``) or, without it, starts one with the recipe's arguments
+    (plus ``server_extra_args``); ``close()`` stops only a server it started.
+    """
+    if kind not in BACKENDS:
+        raise ValueError(f"unknown backend {kind!r}; known: {', '.join(BACKENDS)}")
+    if kind == "engine":
+        if server_url:
+            raise ValueError("--server-url is for the sglang and vllm backends, not the engine")
+        from sampler_torch.engine import Engine
+
+        return Engine(model_dir, recipe, max_batch=max_batch)
+    cls = SERVERS[kind]
+    if server_url:
+        return cls(server_url, recipe=recipe, model_dir=model_dir)
+    return cls.launch(model_dir, recipe, extra_args=server_extra_args, log_path=log_path)
+
+
+__all__ = ["BACKENDS", "SERVERS", "SGLangBackend", "SGLangError", "ServerBackend", "ServerError",
+           "VLLMBackend", "VLLMError", "open_backend", "server_args", "sglang_available",
+           "vllm_available", "vllm_server_args"]

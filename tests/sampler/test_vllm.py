@@ -100,7 +100,7 @@ class FakeVLLM(JSONServer):
         seq, ids, lps, tops, rows = list(body["prompt"]), [], [], [], []
         finish = "length"
         for _ in range(body["max_tokens"]):
-            z = _table(self.version)[seq[-1]]
+            z = _table(self.version)[seq[-1] % VOCAB]  # prompts may hold larger ids
             raw = _log_softmax(z)
             if temp == 0:
                 kept = np.array([int(np.argmax(raw))])
@@ -153,7 +153,7 @@ def _check_records(c, params, version=0):
     """Every record against the fake model's exact distribution at that position."""
     seq = c.prompt_ids + c.token_ids
     for t, x in enumerate(c.token_ids):
-        z = _table(version)[seq[len(c.prompt_ids) + t - 1]]
+        z = _table(version)[seq[len(c.prompt_ids) + t - 1] % VOCAB]
         logq = _log_softmax(z / (params.temperature or 1.0))
         assert c.logprobs_full[t] == pytest.approx(logq[x], abs=1e-9)
         order = np.argsort(-logq, kind="stable")
@@ -293,6 +293,44 @@ def test_server_args_per_recipe():
     for name in ("int8", "mxfp4_w4a16"):
         with pytest.raises(RecipeError, match="torch engine"):
             vllm_server_args(get_recipe(name))
+
+
+def test_mixrl_sample_backend_vllm_attaches_and_reports_its_backend(fake, exports, tmp_path,
+                                                                   monkeypatch):
+    """``mixrl-sample --backend vllm --server-url URL`` joins a live rollout service: it
+    registers with recipe backend "vllm" and submits what the server generated."""
+    from sampler_torch.cli import main
+    from trainer_jax.config import load_config
+    from trainer_jax.service import RolloutService
+
+    svc = RolloutService.from_config(load_config(None, [
+        "service.listen=127.0.0.1:0", "tasks.group_size=2", "tasks.sampling.top_p=0.9",
+        "tasks.sampling.head_k=5", "tasks.sampling.max_new_tokens=4"]), token="t0k").start()
+    monkeypatch.setenv("MIXRL_TOKEN", "t0k")
+    try:
+        code = main(["--trainer", svc.address, "--group", "h100-vllm", "--recipe", "bf16",
+                     "--model-dir", str(exports[0]), "--backend", "vllm", "--server-url",
+                     fake.url, "--capacity", "2", "--max-samples", "4",
+                     "--weights-cache", str(tmp_path / "cache"), "--log-level", "WARNING"])
+        status = svc.status()
+    finally:
+        svc.stop(grace=0)
+    assert code == 0
+    sampler = next(s for s in status["samplers"] if s["group"] == "h100-vllm")
+    assert sampler["recipe"]["backend"] == "vllm" and sampler["recipe"]["name"] == "bf16"
+    assert sampler["accepted"] >= 4 and sampler["rejected"] == 0
+    assert sum(p == "/v1/completions" for p, _ in fake.requests) >= 4
+
+
+def test_mixrl_sample_refuses_a_recipe_the_server_cannot_serve(exports, capsys, monkeypatch):
+    from sampler_torch.cli import main
+
+    monkeypatch.setenv("MIXRL_TOKEN", "t0k")
+    code = main(["--trainer", "127.0.0.1:9", "--group", "g", "--recipe", "mxfp4_w4a16",
+                 "--model-dir", str(exports[0]), "--backend", "vllm"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1
+    assert "--backend vllm" in err and "use the torch engine" in err
 
 
 @pytest.fixture(scope="module")
