@@ -33,7 +33,10 @@ PLOTS = {
 
 
 class MetricsSink:
-    def __init__(self, run_dir: str | os.PathLike, *, tensorboard: bool = True):
+    """``metrics.jsonl``, TensorBoard, and Weights & Biases when ``wandb`` (``{project, mode}``,
+    the config's ``logging.wandb``) is given."""
+
+    def __init__(self, run_dir: str | os.PathLike, *, tensorboard: bool = True, wandb: dict | None = None):
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._jsonl = open(self.run_dir / METRICS_FILE, "a", buffering=1)
@@ -42,6 +45,14 @@ class MetricsSink:
             from tensorboardX import SummaryWriter
 
             self._tb = SummaryWriter(str(self.run_dir / "tensorboard"))
+        self._wandb, self._wandb_step = None, -1
+        if wandb is not None:
+            import wandb as wb
+
+            # Files under the run directory; resuming the run directory resumes the W&B run.
+            self._wandb = wb.init(project=wandb["project"], mode=wandb.get("mode", "offline"),
+                                  dir=str(self.run_dir), name=self.run_dir.name, resume="allow",
+                                  id=f"{self.run_dir.name}-{_digest(self.run_dir.absolute())}")
 
     def write(self, step: int, values: dict[str, float]) -> None:
         record = {"step": int(step)}
@@ -51,11 +62,24 @@ class MetricsSink:
             for k, v in record.items():
                 if k != "step" and isinstance(v, (int, float)) and math.isfinite(v):
                     self._tb.add_scalar(k, v, step)
+        # W&B steps only move forward: warm-start records (negative steps) stay in the JSONL.
+        if self._wandb is not None and step >= max(0, self._wandb_step):
+            self._wandb.log({k: v for k, v in record.items() if k != "step" and isinstance(v, (int, float))},
+                            step=int(step))
+            self._wandb_step = int(step)
 
     def close(self) -> None:
         self._jsonl.close()
         if self._tb is not None:
             self._tb.close()
+        if self._wandb is not None:
+            self._wandb.finish()
+
+
+def _digest(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha1(str(path).encode()).hexdigest()[:8]
 
 
 def _plain(v):

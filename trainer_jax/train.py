@@ -105,7 +105,7 @@ class Trainer:
         if self.resume and self.checkpointer.latest_step() is not None:
             self.meta = self.checkpointer.restore(self.model, self.learner.optimizer)
             self.console.print(f"resumed from step {self.meta['step']} (weights v{self.meta['version']})")
-        self.sink = MetricsSink(run)
+        self.sink = MetricsSink(run, wandb=cfg.logging.wandb.model_dump() if cfg.logging.wandb else None)
         self.alarms = CollapseAlarms(settle_steps=alarm_settle_steps(cfg.optimizer.warmup_steps))
         self.source = build_task_source(cfg.tasks, tokenizer=self.tokenizer)
         self.source.cursor = int(self.meta["task_cursor"])

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import Field, ValidationError, model_validator
@@ -29,6 +29,25 @@ from trainer_jax.config.service import (
 )
 
 
+class WandbConfig(_Strict):
+    project: str
+    mode: Literal["offline", "online"] = "offline"
+
+
+class LoggingConfig(_Strict):
+    """Metric sinks beside ``metrics.jsonl`` and TensorBoard."""
+
+    wandb: WandbConfig | None = None  # the optional ``wandb`` extra
+
+    @model_validator(mode="after")
+    def _installed(self) -> LoggingConfig:
+        import importlib.util
+
+        if self.wandb is not None and importlib.util.find_spec("wandb") is None:
+            raise ValueError("logging.wandb: the wandb package is not installed (pip install 'mixrl[wandb]')")
+        return self
+
+
 class RunConfig(_Strict):
     run: RunSection = RunSection()
     model: ModelConfig = ModelConfig()
@@ -41,6 +60,7 @@ class RunConfig(_Strict):
     sft: SFTConfig = SFTConfig(steps=0)
     mesh: MeshConfig = MeshConfig()
     distributed: DistributedConfig = DistributedConfig()
+    logging: LoggingConfig = LoggingConfig()
 
     @model_validator(mode="after")
     def _unique_group_names(self) -> RunConfig:
