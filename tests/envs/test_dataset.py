@@ -96,7 +96,7 @@ def test_reward_failures_counted_per_group_with_user_metrics(rows):
         src.rewards.put((7, 2), RewardResult(0.0, error="timeout", timed_out=True))
         trajs = [SimpleNamespace(task_id=7, sample_index=i, group=g)
                  for i, g in enumerate(["bf16", "fp8", "fp8"])]
-        groups = [SimpleNamespace(spec=spec, trajectories=trajs)]
+        groups = [SimpleNamespace(task=spec, trajectories=trajs)]
         m = src.metrics(groups)
         # answer=None != completion: the user's function scored 0 without error and gave its metrics.
         assert m["reward_errors"] == 0 and m["reward_timeouts"] == 1 and m["group/fp8/reward_timeouts"] == 1

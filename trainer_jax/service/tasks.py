@@ -169,7 +169,7 @@ class EnvTaskSource:
         values = self.rewards.metrics([t for g in groups for t in g.trajectories])
         stats: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
         for g in groups:
-            env = g.spec.private[1] if isinstance(g.spec.private, tuple) else None
+            env = g.task.private[1] if isinstance(g.task.private, tuple) else None
             chat = getattr(env, "chat", None)
             if env is None or env.single_turn or chat is None:
                 continue
