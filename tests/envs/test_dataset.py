@@ -152,3 +152,19 @@ def test_the_qwen3_gsm8k_config_loads_once_its_files_exist(rows, tmp_path):
 def _write(path, text):
     path.write_text(text)
     return path
+
+
+def test_dataset_tasks_keep_the_trainer_torch_free(rows):
+    """The trainer process builds and scores dataset tasks: neither datasets nor the reward pool
+    may pull torch into it (tests/test_seam.py checks the default config's trainer)."""
+    import subprocess
+    import sys
+
+    code = (f"import sys; from convert.tokenizer import char_tokenizer; from envs import make_env; "
+            f"env = make_env('dataset', char_tokenizer(), path={str(rows)!r}, prompt_key='question', "
+            f"answer_key='answer', reward='math'); import numpy as np; "
+            f"t = env.sample_task_at(np.random.default_rng(0), 't0', 3); "
+            f"print(env.score(t, env.encode('#### 4')).error, 'torch' in sys.modules); env.close()")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         cwd=Path(__file__).parents[2])
+    assert out.stdout.split() == ["None", "False"], out.stderr[-2000:]
