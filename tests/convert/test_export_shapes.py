@@ -180,3 +180,26 @@ def test_mixrl_engine_loads_the_mixed_export(fp8_mixed):
     # The engine's fp8 recipe also rounds activations to e4m3 per token group, about doubling
     # the weight-only error (measured 12 %).
     assert 0 < rel < 2 * FP8_LOGITS_REL_RMS
+
+
+# The conformance table's transformers column (convert/README.md), on this CPU.
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_transformers_refuses_nvfp4_and_dense_mxfp4(fp8_mixed, tmp_path, fmt):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    ck = HFCheckpoint(fp8_mixed[0])
+    out = export_hf(ck.tensors(), ck.config, tmp_path / fmt, fmt)
+    with pytest.raises(RuntimeError, match="ignore_mismatched_sizes"):  # packed [out, in/2]
+        transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.bfloat16)
+
+
+def test_transformers_reads_w8a8_int8_without_its_scales(fp8_mixed, tmp_path):
+    """SGLang's w8a8_int8 quant_method is unknown to transformers, which then loads the int8
+    codes as plain weights and drops weight_scale: a silently wrong model, so the table marks it
+    refused (the compressed-tensors layout is the int8 export transformers reads)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    ck = HFCheckpoint(fp8_mixed[0])
+    out = export_hf(ck.tensors(), ck.config, tmp_path / "int8", "w8a8_int8")
+    model = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.bfloat16)
+    assert float(model.model.layers[0].self_attn.q_proj.weight.abs().max()) == 127.0
