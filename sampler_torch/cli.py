@@ -56,6 +56,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-samples", type=int, default=None, help="exit after submitting this many")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--log-level", default="INFO")
+    p.add_argument("--exit-with-parent", type=int, default=None, metavar="PID",
+                   help="stop when process PID (the trainer that spawned us) dies")
     return p
 
 
@@ -63,6 +65,10 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     log = logging.getLogger("mixrl.sampler")
+    if args.exit_with_parent is not None:  # before the slow imports: a dead trainer's child stops at once
+        from sampler_torch.parent_watch import exit_with_parent
+
+        exit_with_parent(args.exit_with_parent)
 
     from sampler_torch.client import RolloutClient, RolloutError, TLSOptions
 

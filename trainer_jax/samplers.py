@@ -3,6 +3,9 @@
 The trainer knows its local samplers only by command line and by what they say over the wire:
 nothing here imports the sampler package (or torch). Each process gets its own session and log
 file under ``<run>/logs``; external groups (``spawn: false``) join by address on their own.
+Own sessions keep a terminal's Ctrl-C from reaching the samplers before the trainer stops them in
+order; so that a trainer killed outright (SIGKILL, OOM) leaves no orphans, each sampler is told
+the trainer's pid (``--exit-with-parent``) and stops within seconds of its death.
 """
 
 from __future__ import annotations
@@ -19,8 +22,10 @@ from trainer_jax.config import RunConfig, SamplerGroupConfig
 
 
 def sampler_command(group: SamplerGroupConfig, index: int, *, address: str, model_dir: Path,
-                    token_file: Path, cache_dir: Path, episode_tokens: int) -> list[str]:
-    """The ``mixrl-sample`` command line of process ``index`` of ``group``."""
+                    token_file: Path, cache_dir: Path, episode_tokens: int,
+                    exit_with_parent: int | None = None) -> list[str]:
+    """The ``mixrl-sample`` command line of process ``index`` of ``group``; with
+    ``exit_with_parent`` (the trainer's pid) the sampler stops when that process dies."""
     cmd = [sys.executable, "-m", "sampler_torch.cli", "--trainer", address, "--group", group.name,
            "--recipe", group.recipe, "--model-dir", str(model_dir), "--token-file", str(token_file),
            "--capacity", str(group.capacity), "--threads", str(group.threads),
@@ -29,6 +34,8 @@ def sampler_command(group: SamplerGroupConfig, index: int, *, address: str, mode
     for key in ("attention", "kv_cache_dtype"):
         if getattr(group, key) is not None:
             cmd += ["--recipe-override", f"{key}={getattr(group, key)}"]
+    if exit_with_parent is not None:
+        cmd += ["--exit-with-parent", str(exit_with_parent)]
     return cmd
 
 
@@ -51,7 +58,8 @@ class LocalSamplers:
             for i in range(g.processes):
                 cmd = sampler_command(g, i, address=address, model_dir=model_dirs[g.weight_format],
                                       token_file=token_file, cache_dir=self.run_dir / "sampler_cache",
-                                      episode_tokens=self.cfg.train.episode_tokens)
+                                      episode_tokens=self.cfg.train.episode_tokens,
+                                      exit_with_parent=os.getpid())
                 with open(self.logs / f"{g.name}-{i}.log", "ab") as log:
                     self.processes.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                                            start_new_session=True))
