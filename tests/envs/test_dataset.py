@@ -168,3 +168,19 @@ def test_dataset_tasks_keep_the_trainer_torch_free(rows):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                          cwd=Path(__file__).parents[2])
     assert out.stdout.split() == ["None", "False"], out.stderr[-2000:]
+
+
+def test_evaluation_draws_from_the_held_out_file(rows, tmp_path):
+    held_out = tmp_path / "held_out.jsonl"
+    held_out.write_text(json.dumps({"question": "held out?", "answer": "#### 1"}) + "\n")
+    opts = {"path": str(rows), "eval_path": str(held_out), "prompt_key": "question", "answer_key": "answer"}
+    train = EnvTaskSource([MixEntry(env="dataset", options=opts)], tokenizer=char_tokenizer())
+    evaluation = EnvTaskSource([MixEntry(env="dataset", options=opts)], tokenizer=char_tokenizer(),
+                               evaluation=True, prefix="eval")
+    try:
+        decode = lambda src, n: src.tokenizer.decode(list(src.spec(n).prompt_ids))  # noqa: E731
+        assert {decode(evaluation, n) for n in range(3)} == {"held out?\n"}
+        assert "held out?\n" not in {decode(train, n) for n in range(len(ROWS))}
+    finally:
+        train.close()
+        evaluation.close()
