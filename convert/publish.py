@@ -230,7 +230,8 @@ def _depth(store: Store, version: int, fmt: str) -> int:
     return 0 if meta is None else int(meta["depth"])
 
 
-def _default_cache(store: Store) -> Path:
+def default_cache_dir(store: Store) -> Path:
+    """Where publish keeps each format's newest full export (the next delta's base)."""
     if store.local is not None:
         return store.local / ".publish-cache"
     import hashlib
@@ -341,7 +342,7 @@ def publish(params_or_checkpoint, config: Mapping | Qwen3Config | None, out_root
                          max_shard_bytes=max_shard_bytes, kv_scales=kv_scales,
                          input_amax=input_amax, metadata={"version": version},
                          engines=engines)  # see export_hf: serving shapes, or "mixrl" only
-    cache = Path(cache_dir) if cache_dir is not None else _default_cache(store)
+    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir(store)
     local_parent = store.local if store.local is not None else cache.parent
     local_parent.mkdir(parents=True, exist_ok=True)
     final = store.local / name if store.local is not None else local_parent / f".stage-{name}"

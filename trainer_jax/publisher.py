@@ -14,15 +14,14 @@ from pathlib import Path
 
 import numpy as np
 
-from convert.publish import publish
-from trainer_jax.models import Qwen3
-from trainer_jax.parallel.publish import iter_gathered_hf_tensors
+from convert.publish import default_cache_dir, publish
+from convert.store import open_store
+from trainer_jax.models import Qwen3, iter_hf_tensors
 
 
 def snapshot(model: Qwen3) -> dict[str, np.ndarray]:
-    """The model's parameters as HF-named host arrays (what a publish writes), each gathered
-    from its shards once (with several processes, a collective every process must call)."""
-    return dict(iter_gathered_hf_tensors(model))
+    """The model's parameters as HF-named host arrays (what a publish writes)."""
+    return dict(iter_hf_tensors(model))
 
 
 class Publisher:
@@ -30,27 +29,62 @@ class Publisher:
 
     ``formats()`` names the formats of the next version; ``on_published(version, {format: dir})``
     runs after each one is on disk (the rollout service announces it to the samplers).
+    ``out_root`` is a directory or an fsspec URL, checked here (a bad URL or missing credentials
+    fail at start-up). With ``delta`` each format is written as a delta against its previous
+    version, a full snapshot every ``full_every``; this process's first version is always a full
+    snapshot (samplers start from its directories, and a restarted trainer has no base cached).
     """
 
-    def __init__(self, out_root: Path, config: dict, formats: Callable[[], list[str]], tokenizer_dir: Path,
-                 keep_last: int, on_published: Callable[[int, dict[str, Path]], None]):
+    def __init__(self, out_root: Path | str, config: dict, formats: Callable[[], list[str]],
+                 tokenizer_dir: Path, keep_last: int, on_published: Callable[[int, dict[str, Path]], None], *,
+                 delta: bool = False, full_every: int = 10):
+        self.store = open_store(out_root)
         self.out_root, self.config, self.formats = out_root, config, formats
         self.tokenizer_dir, self.keep_last, self.on_published = tokenizer_dir, keep_last, on_published
+        self.delta, self.full_every = delta, full_every
+        # An object store's versions are staged locally; the full exports kept there are the
+        # next deltas' bases and the directories samplers start from.
+        self.cache_dir = None if self.store.local is not None else default_cache_dir(self.store)
         self._pending: tuple[int, dict] | None = None
         self._cond = threading.Condition()
         self._stop = False
         self.errors: list[str] = []
         self.published: list[int] = []
+        self.reports: list[tuple[int, dict]] = []  # (version, {format: {bytes, full_bytes, delta_base}})
         self._thread = threading.Thread(target=self._run, name="mixrl-publisher", daemon=True)
         self._thread.start()
 
     def publish_now(self, version: int, tensors: dict) -> dict[str, Path]:
+        """Publish ``version``; return ``{format: local directory}`` (a full one for the first)."""
+        first = not self.published
+        remote = self.cache_dir is not None
+        report: dict = {}
+        full_every = 1 if first or not self.delta else self.full_every
         paths = publish(tensors, self.config, self.out_root, version, self.formats(),
-                        keep_last=self.keep_last, tokenizer_dir=self.tokenizer_dir)
+                        keep_last=self.keep_last, tokenizer_dir=self.tokenizer_dir,
+                        delta=self.delta or remote, full_every=full_every, cache_dir=self.cache_dir,
+                        report=report)
         self.published.append(version)
+        self.reports.append((version, report))
         self.on_published(version, paths)
-        return paths
+        return {f: self.cache_dir / f for f in paths} if remote else paths
 
+    def bytes_summary(self) -> str:
+        """One line: bytes written per version, by format, against full exports."""
+        if not self.reports:
+            return "weights: nothing published"
+        written = sum(r["bytes"] for _, rep in self.reports for r in rep.values())
+        full = sum(r["full_bytes"] for _, rep in self.reports for r in rep.values())
+        n = len(self.reports)
+        per_fmt = {}
+        for _, rep in self.reports:
+            for fmt, r in rep.items():
+                per_fmt.setdefault(fmt, []).append(r["bytes"])
+        parts = ", ".join(f"{fmt} {np.mean(b) / 1e6:.2f} MB" for fmt, b in per_fmt.items())
+        deltas = sum(r["delta_base"] is not None for _, rep in self.reports for r in rep.values())
+        return (f"weights: {n} versions to {self.store.root}, {written / 1e6:.1f} MB written "
+                f"({100 * written / max(full, 1):.1f} % of {full / 1e6:.1f} MB in full exports; "
+                f"{deltas} format-versions as deltas); per version: {parts}")
     def request(self, version: int, tensors: dict) -> None:
         with self._cond:
             self._pending = (version, tensors)
@@ -69,10 +103,6 @@ class Publisher:
                 self.publish_now(version, tensors)
             except Exception as e:  # keep training; samplers keep the previous version
                 self.errors.append(f"v{version}: {type(e).__name__}: {e}")
-
-    def latest(self, fmt: str = "bf16") -> Path:
-        """The directory of the newest published version in ``fmt``."""
-        return self.out_root / f"v{self.published[-1]:08d}" / fmt
 
     def close(self) -> None:
         """Finish the pending publish, if any, and stop (idempotent)."""

@@ -239,8 +239,10 @@ class Trainer:
         self._setup()
         self._warm_start()
         self._start_service()
-        self.publisher = Publisher(self.run_dir / "weights", self.qcfg.to_hf_dict(), self.weight_formats,
-                                   self.tokenizer_dir, cfg.train.keep_versions, self._on_published)
+        wcfg = cfg.train.weights
+        self.publisher = Publisher(wcfg.root or self.run_dir / "weights", self.qcfg.to_hf_dict(),
+                                   self.weight_formats, self.tokenizer_dir, cfg.train.keep_versions,
+                                   self._on_published, delta=wcfg.delta, full_every=wcfg.full_every)
         version = int(self.meta["version"])
         if self.resume and version > 0:
             version += 1  # a fresh directory: the killed run may have half-announced its last one
@@ -257,6 +259,7 @@ class Trainer:
                 self.sink.write(self.meta["step"], history["eval_start"])
             self._loop()
             self.publisher.close()  # the last requested version is on disk before the final eval
+            self.console.print(self.publisher.bytes_summary())
             history["eval_end"] = self.evaluate("end")
             self.sink.write(self.meta["step"], history["eval_end"])
         finally:
@@ -269,6 +272,7 @@ class Trainer:
         plots = plot_run(self.run_dir)
         summary.update(steps=self.meta["step"], eval_start=history.get("eval_start", {}),
                        eval_end=history.get("eval_end", {}), publish_errors=self.publisher.errors,
+                       weights=self.publisher.bytes_summary(),
                        plots=[str(p) for p in plots])
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         return summary

@@ -61,12 +61,18 @@ def test_train_publish_and_resume(tmp_path):
     assert set(summary["formats"]) == {"bf16", "fp8_block"}
     latest = (run_dir / "weights" / "LATEST").read_text().strip()
     assert latest == "v00000003"
-    assert (run_dir / "weights" / latest / "fp8_block" / "manifest.json").exists()
+    # v1.. are deltas against the version before (train.weights.delta) and materialize whole
+    assert (run_dir / "weights" / latest / "fp8_block" / "delta.json").exists()
+    from convert.delta import materialize
+    from convert.store import open_store
+    materialize(open_store(run_dir / "weights"), 3, "fp8_block", tmp_path / "v3")
+    assert "weights: 4 versions" in out.stdout
     assert (run_dir / "plots" / "reward.png").exists()
     assert any((run_dir / "tensorboard").iterdir())
     for group in ("bf16", "fp8"):  # both samplers ran and had trajectories accepted
         log = (run_dir / "logs" / f"{group}-0.log").read_text()
         assert re.search(r"done: \d+ rounds, [1-9]\d* accepted", log), log[-2000:]
+        assert "refused" not in log, log[-2000:]  # every delta version applied and verified
 
     # Resume: continue to step 5 from the checkpoint; no step trained twice, fresh tasks.
     out = _train(cfg, run_dir, "--resume", "--steps", "5")

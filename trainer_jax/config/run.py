@@ -51,6 +51,32 @@ class RunSection(_Strict):
     steps: int = Field(1, ge=0)
 
 
+class WeightsConfig(_Strict):
+    """``train.weights``: where published versions go and how (``convert.publish``).
+
+    ``root``: a directory or an fsspec URL (``s3://bucket/prefix``) every sampler reads; None:
+    ``<run dir>/weights``. ``delta``: write each format as a delta against its previous version
+    (``convert.delta``), a full snapshot every ``full_every`` versions.
+    """
+
+    root: str | None = None
+    delta: bool = True
+    full_every: int = Field(10, gt=0)
+
+    @field_validator("root")
+    @classmethod
+    def _known_scheme(cls, v: str | None) -> str | None:
+        # The URL's scheme is checked at load; access and credentials when the publisher starts.
+        if v is not None and "://" in v:
+            import fsspec
+
+            scheme = v.split("://", 1)[0]
+            if scheme not in fsspec.available_protocols():
+                raise ValueError(f"weights root {v}: unknown URL scheme {scheme!r} (fsspec knows "
+                                 "s3, gs, file, ...)")
+        return v
+
+
 class TrainConfig(_Strict):
     """The asynchronous loop: batch shape, cadences, staleness, evaluation."""
 
@@ -60,6 +86,7 @@ class TrainConfig(_Strict):
     checkpoint_every: int = Field(10, gt=0)
     keep_checkpoints: int = Field(2, gt=0)
     keep_versions: int = Field(3, gt=0)
+    weights: WeightsConfig = Field(default_factory=WeightsConfig)
     max_staleness: int | None = Field(None, ge=0)  # None: no cap (the design's default)
     rows: int = Field(16, gt=0)
     row_len: int = Field(128, gt=0)
