@@ -101,6 +101,11 @@ class DatasetTasks(Environment):
         if len(self.rows) == 0:
             raise ValueError(f"dataset {self.path} has no rows")
         self.reward = RewardPool(reward, workers=reward_workers, timeout_s=reward_timeout_s)
+        try:
+            self.reward.check()  # a misspelt module or function: one line now, not zeros all run
+        except ValueError:
+            self.reward.close()
+            raise
         self.chat = Chat.from_tokenizer(tokenizer)
         if self.chat is None and self.eos is None:
             raise ValueError("dataset: the tokenizer has neither a chat template nor an <eos> token")

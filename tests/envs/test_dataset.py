@@ -121,6 +121,8 @@ def test_bad_dataset_options_fail_at_config_load(rows, tmp_path):
             load(**options)
     with pytest.raises(ValueError, match="no column 'prompt'"):
         make_env("dataset", char_tokenizer(), path=str(rows))
+    with pytest.raises(ValueError, match="cannot be loaded: ModuleNotFoundError: No module named 'no_such'"):
+        make_env("dataset", char_tokenizer(), path=str(rows), prompt_key="question", reward="no_such.mod:fn")
 
 
 def test_parquet_and_message_lists(tmp_path, model_dir):
