@@ -116,7 +116,7 @@ def _export(src: str, out: str, fmt: str, args: argparse.Namespace, label: str) 
         path = export_hf(source.open(), source.hf_config, out, fmt,
                          copy_files_from=source.files_dir, max_shard_bytes=args.max_shard_bytes,
                          overwrite=args.overwrite, progress=advance, kv_scales=kv_scales,
-                         engines=args.engines, strict=args.strict)
+                         engines=args.engines, strict=args.strict, layout=args.layout)
     _console().print(f"wrote {fmt} export {path}", soft_wrap=True)
     return 0
 
@@ -259,7 +259,11 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from convert.compressed_tensors import LAYOUTS, SCHEMES
+
     formats = list(FORMATS)
+    # fp8_channel exists only in the compressed-tensors layout (get_codec says so otherwise)
+    layout_formats = formats + [f for f in SCHEMES if f not in FORMATS]
     parser = argparse.ArgumentParser(
         prog="mixrl-convert",
         description="Weight formats and checkpoints for mixrl: HF safetensors <-> orbax, "
@@ -281,6 +285,10 @@ def build_parser() -> argparse.ArgumentParser:
                             "kernels refuse stays bf16 and is listed in the config's ignore "
                             "lists; mixrl: quantize every projection (partial edge blocks, "
                             "loaded by the mixrl engine only)")
+        p.add_argument("--layout", choices=LAYOUTS, default="native",
+                       help="tensor names and config: this project's per-format layout "
+                            "(default), or compressed-tensors (vLLM / llm-compressor; formats "
+                            f"{', '.join(SCHEMES)})")
         p.add_argument("--strict", action="store_true",
                        help="refuse (one line naming the tensor and the rule) instead of "
                             "keeping an unservable projection in bf16")
@@ -307,7 +315,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="mixrl orbax checkpoint (from import), trainer training checkpoint "
                         "directory (needs --config), or HF directory")
     p.add_argument("--out", required=True, metavar="DIR")
-    p.add_argument("--format", default="bf16", choices=formats)
+    p.add_argument("--format", default="bf16", choices=layout_formats)
     p.add_argument("--config", metavar="HF_CONFIG",
                    help="config.json or HF directory (required for a training checkpoint, "
                         "whose tokenizer files are then taken from that directory)")
@@ -321,7 +329,7 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Quantize an HF directory into one weight format, tensor by "
                        "tensor, with the serving stacks' config and a manifest.")
     p.add_argument("--in", dest="input", required=True, metavar="HF_DIR")
-    p.add_argument("--format", required=True, choices=formats)
+    p.add_argument("--format", required=True, choices=layout_formats)
     p.add_argument("--out", required=True, metavar="DIR")
     shard_size(p)
     serving_shapes(p)

@@ -198,16 +198,17 @@ def export_hf(tensors: Tensors, hf_config: Mapping, out_dir: str | os.PathLike, 
               kv_scales: Mapping[int, tuple[float, float]] | None = None,
               input_amax: Mapping[str, float] | None = None,
               progress: ProgressFn | None = None, metadata: Mapping | None = None,
-              engines: str = "serving", strict: bool = False) -> Path:
+              engines: str = "serving", strict: bool = False, layout: str = "native") -> Path:
     """Write ``tensors`` as an HF directory in format ``fmt`` at ``out_dir``, atomically.
 
     ``engines="serving"``: projections whose shape the format's serving kernels refuse stay bf16
     and are listed in the config's ignore lists (``strict``: refuse with ``ShapeRuleError``
     instead); ``"mixrl"``: every projection in ``fmt`` (partial edge blocks, for this project's
-    engine only). Returns ``out_dir``. On any error (bad tensor, NaN/Inf, I/O) nothing is left
-    behind and an existing ``out_dir`` (with ``overwrite``) is untouched.
+    engine only). ``layout="compressed-tensors"``: that layout's tensors and config
+    (``convert.compressed_tensors``). Returns ``out_dir``. On any error (bad tensor, NaN/Inf,
+    I/O) nothing is left behind and an existing ``out_dir`` (with ``overwrite``) is untouched.
     """
-    codec = get_codec(fmt)
+    codec = get_codec(fmt, layout)
     src = dict(hf_config)
     if src.get("quantization_config"):
         raise ExportError("the source config already has a quantization_config; export from "
@@ -240,6 +241,8 @@ def export_hf(tensors: Tensors, hf_config: Mapping, out_dir: str | os.PathLike, 
         known = {shard_name(i + 1, len(digests)): d for i, d in enumerate(digests)}
         if kept:  # why each bf16 projection is there, for people reading the manifest
             metadata = {**dict(metadata or {}), "kept_bf16": dict(kept)}
+        if layout != "native":
+            metadata = {**dict(metadata or {}), "layout": layout}
         write_manifest(stage, known=known, format=codec.name, model_type=cfg.model_type,
                        created_unix=round(started, 3), **dict(metadata or {}))
     return out_dir

@@ -41,8 +41,18 @@ class UnknownFormatError(ValueError):
     """A format name (or a config's quantization_config) that no codec implements."""
 
 
-def get_codec(name: str) -> Codec:
-    """The codec registered as ``name``."""
+def get_codec(name: str, layout: str = "native") -> Codec:
+    """The codec registered as ``name`` (``layout="compressed-tensors"``: that layout's scheme
+    carrying format ``name``, ``convert.compressed_tensors``)."""
+    if layout != "native":
+        from convert.compressed_tensors import LAYOUT, LAYOUTS, get_scheme  # imports this package
+
+        if layout != LAYOUT:
+            raise UnknownFormatError(f"unknown layout {layout!r}; known: {', '.join(LAYOUTS)}")
+        try:
+            return get_scheme(name)
+        except ValueError as e:
+            raise UnknownFormatError(str(e)) from None
     try:
         return FORMATS[name]
     except KeyError:
@@ -50,9 +60,12 @@ def get_codec(name: str) -> Codec:
 
 
 def detect_format(config: Mapping) -> Codec:
-    """The codec whose ``quantization_config`` an HF ``config.json`` dict carries."""
+    """The codec whose ``quantization_config`` an HF ``config.json`` dict carries (either
+    layout)."""
+    from convert.compressed_tensors import SCHEMES
+
     qc = config.get("quantization_config")
-    for codec in FORMATS.values():
+    for codec in (*FORMATS.values(), *SCHEMES.values()):
         if codec.matches(qc):
             return codec
     raise UnknownFormatError(f"config.json quantization_config {qc!r} matches no known format "

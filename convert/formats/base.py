@@ -141,6 +141,8 @@ class Codec(abc.ABC):
     name: str
     #: suffixes (after ``<module>.``) of the tensors ``quantize`` returns, in writing order
     parts: tuple[str, ...]
+    #: tensor names and config convention ("native", or "compressed-tensors")
+    layout: str = "native"
     #: (out, in) multiples the serving kernels need; 1 = no constraint
     serving_multiple: tuple[int, int] = (1, 1)
     #: why, for the one-line refusal (the kernels that need it)

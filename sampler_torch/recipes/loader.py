@@ -155,6 +155,10 @@ def load_model(path: str | os.PathLike, recipe: Recipe, *, device: str | torch.d
         codec = detect_format(ckpt.config)
     except (ValueError, OSError) as e:
         raise WeightLoadError(f"{path}: cannot read the export ({e})") from e
+    if codec.layout != "native":
+        raise WeightLoadError(f"{path} is in the {codec.layout} layout, which vLLM loads; the "
+                              "mixrl engine loads this project's native layout (export without "
+                              "--layout)")
     if codec.name != recipe.weight_format:
         raise RecipeError(f"{path} holds {codec.name} weights; recipe {recipe.name!r} needs "
                           f"{recipe.weight_format} (export that format for this group)")
