@@ -343,7 +343,7 @@ def publish(params_or_checkpoint, config: Mapping | Qwen3Config | None, out_root
                          input_amax=input_amax, metadata={"version": version},
                          engines=engines)  # see export_hf: serving shapes, or "mixrl" only
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir(store)
-    local_parent = store.local if store.local is not None else cache.parent
+    local_parent = store.local if store.local is not None else cache  # one publisher per root stages here
     local_parent.mkdir(parents=True, exist_ok=True)
     final = store.local / name if store.local is not None else local_parent / f".stage-{name}"
     if store.local is not None and final.exists():
