@@ -153,6 +153,8 @@ class CTInt8(CompressedTensorsCodec):
     ct_format = "int-quantized"
     weights = {**_INT8_ARGS, "strategy": "channel"}
     input_activations = {**_INT8_ARGS, "strategy": "token", "dynamic": True}
+    serving_multiple = W8A8Int8Codec.serving_multiple
+    serving_reason = W8A8Int8Codec.serving_reason
 
     def quantize(self, w: np.ndarray, *, what: str = "tensor") -> dict[str, np.ndarray]:
         return W8A8Int8Codec().quantize(w, what=what)  # the same tensors, another config

@@ -38,6 +38,9 @@ QMAX = 127
 class W8A8Int8Codec(Codec):
     name = "w8a8_int8"
     parts = ("weight", "weight_scale")
+    serving_multiple = (8, 16)
+    serving_reason = ("SGLang's int8_scaled_mm (CUTLASS) checks in % 16 and out % 8 for memory "
+                      "alignment")
 
     def quantize(self, w: np.ndarray, *, what: str = "tensor") -> dict[str, np.ndarray]:
         w = as_matrix(w, what)

@@ -66,7 +66,10 @@ def test_exclusions_per_format_and_fused_groups():
                          "num_attention_heads": 4})
     assert sorted(shape_exclusions(gqa, get_codec("fp8_block"))) == sorted(
         f"model.layers.{i}.self_attn.{p}_proj" for i in range(2) for p in "qkv")
-    assert shape_exclusions(gqa, get_codec("w8a8_int8")) == {}  # per-channel int8: any shape
+    assert shape_exclusions(gqa, get_codec("w8a8_int8")) == {}  # in % 16 and out % 8 hold
+    int8 = shape_exclusions(dataclasses.replace(CFG, intermediate_size=40), get_codec("w8a8_int8"))
+    assert sorted(int8) == [f"model.layers.{i}.mlp.down_proj" for i in range(2)]
+    assert "w8a8_int8 needs out a multiple of 8 and in of 16" in int8[sorted(int8)[0]]
     with pytest.raises(ShapeRuleError, match=r"^model\.layers\.0\.mlp\.gate_proj\.weight \[320, "
                                              r"256\]: fp8_block needs both dimensions multiples "
                                              r"of 128"):
