@@ -23,6 +23,7 @@ import dataclasses
 import json
 import os
 import re
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -136,6 +137,24 @@ def verify_dir(path: str | os.PathLike, *, manifest: bool = True,
     return VerifyReport(path, codec.name, cfg.model_type, len(wmap), len(ckpt.files()))
 
 
+def _verify_format(version_dir: Path, fmt: str, **kwargs) -> VerifyReport:
+    """``verify_dir`` of one format of a version; a delta (``convert.delta``) is checked as the
+    full directory it materializes to (applied from its chain in a temp directory)."""
+    from convert.delta import DELTA_NAME, DeltaError, materialize
+    from convert.store import open_store
+
+    target = version_dir / fmt
+    if not (target / DELTA_NAME).is_file():
+        return verify_dir(target, **kwargs)
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            version = int(version_dir.absolute().name.lstrip("v"))
+            materialize(open_store(version_dir.absolute().parent), version, fmt, Path(tmp) / fmt)
+        except (DeltaError, ValueError) as e:
+            raise VerifyError(target, [f"{target}: {e}"]) from None
+        return dataclasses.replace(verify_dir(Path(tmp) / fmt, **kwargs), path=target)
+
+
 def verify_version(path: str | os.PathLike, *, manifest: bool = True,
                    hashes: bool = True) -> dict[str, VerifyReport | VerifyError]:
     """``verify_dir`` every format of the published version directory ``path``.
@@ -152,7 +171,7 @@ def verify_version(path: str | os.PathLike, *, manifest: bool = True,
     results: dict[str, VerifyReport | VerifyError] = {}
     for fmt in formats:
         try:
-            report = verify_dir(path / fmt, manifest=manifest, hashes=hashes)
+            report = _verify_format(path, fmt, manifest=manifest, hashes=hashes)
         except VerifyError as e:
             results[fmt] = e
             continue

@@ -149,3 +149,10 @@ def test_cli_publish_delta_and_materialize(tmp_path, capsys):
     assert main(["materialize", "--root", str(root), "--version", "7", "--format", "nvfp4",
                  "--out", str(tmp_path / "m7")]) == 1
     assert "version 7 has no nvfp4 weights" in capsys.readouterr().err
+
+
+def test_verify_checks_a_delta_version_as_what_it_materializes_to(chain5, capsys):
+    base, _ = chain5
+    assert main(["verify", str(base / "delta" / "v00000003")]) == 0
+    out = capsys.readouterr().out
+    assert "OK" in out and f"{base / 'delta' / 'v00000003' / 'nvfp4'}: format nvfp4" in out
