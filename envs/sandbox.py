@@ -11,6 +11,9 @@ directory at ``/work``. So:
 - no privilege to gain: every mount is ``nosuid`` (and ``nodev`` but ``/dev/null``), the command
   starts with ``no_new_privs`` set and an empty capability bounding set (``setpriv``), so the
   host's setuid-root binaries (``mount``, ``su``, ``passwd`` ...) run with the caller's uid;
+- a smaller kernel surface: a seccomp filter (``envs/seccomp_launch.py``, installed by the host's
+  ``/usr/bin/python3`` just before the command runs) refuses mounts, namespaces, ``ptrace``,
+  module loading, ``bpf``, io_uring and the like;
 - bounded time (wall clock, enforced by killing the namespace's init), CPU seconds, address
   space, file size and process count (rlimits), and output (the reader stops and kills the
   command after ``max_output_bytes``).
@@ -33,6 +36,7 @@ import time
 from pathlib import Path
 
 NOBODY = 65534
+_LAUNCHER = Path(__file__).with_name("seccomp_launch.py")
 _SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "etc/alternatives")
 
 # The namespace-side setup: build the jail, then drop to nobody and run the command in /work.
@@ -52,9 +56,11 @@ mount --bind "$WORK" "$JAIL/work"; mount -o remount,bind,nosuid,nodev "$JAIL/wor
 touch "$JAIL/dev/null"; mount --bind /dev/null "$JAIL/dev/null"
 mount -o remount,bind,nosuid,noexec "$JAIL/dev/null"
 mount -t proc -o nosuid,nodev,noexec proc "$JAIL/proc"
+mkdir "$JAIL/.mixrl"; cp "$LAUNCHER" "$JAIL/.mixrl/seccomp_launch.py"
 mount -o remount,ro,nosuid,nodev "$JAIL"
 exec chroot "$JAIL" setpriv --reuid=65534 --regid=65534 --clear-groups --no-new-privs \
-  --inh-caps=-all --bounding-set=-all -- /bin/sh -c 'cd /work && exec /bin/sh -c "$0"' "$CMD"
+  --inh-caps=-all --bounding-set=-all -- /usr/bin/python3 -I -S /.mixrl/seccomp_launch.py \
+  /bin/sh -c 'cd /work && exec /bin/sh -c "$0"' "$CMD"
 """
 
 
@@ -83,8 +89,10 @@ class SandboxResult:
 
 @functools.cache
 def sandbox_available() -> bool:
-    """Whether namespaces can be created here (root; ``unshare``, ``chroot``, ``setpriv`` present)."""
-    if os.geteuid() != 0 or not all(shutil.which(c) for c in ("unshare", "chroot", "prlimit", "setpriv")):
+    """Whether namespaces can be created here (root; ``unshare``, ``chroot``, ``setpriv`` and the
+    system's ``/usr/bin/python3`` present)."""
+    if os.geteuid() != 0 or not all(shutil.which(c) for c in ("unshare", "chroot", "prlimit", "setpriv")) \
+            or not os.path.exists("/usr/bin/python3"):  # the seccomp launcher's interpreter
         return False
     probe = subprocess.run(["unshare", "--net", "--mount", "--pid", "--fork", "true"],
                            capture_output=True, timeout=10)
@@ -145,7 +153,7 @@ class Sandbox:
                     "/bin/sh", "-c", _SETUP]
             env = {"PATH": "/usr/bin:/bin:/usr/sbin:/sbin", "JAIL": str(self._base / "jail"),
                    "WORK": str(self.workdir), "CMD": command,
-                   "SYSTEM_DIRS": " ".join(_SYSTEM_DIRS)}
+                   "SYSTEM_DIRS": " ".join(_SYSTEM_DIRS), "LAUNCHER": str(_LAUNCHER)}
             cwd = "/"
         else:
             argv = self._limits_prefix() + ["/bin/sh", "-c", command]

@@ -117,3 +117,16 @@ def test_fork_bomb_and_memory_hog_stay_inside_their_limits():
         assert "MemoryError" in hog.output
         after = sb.run("echo fine")
         assert after.ok and after.output == "fine\n"  # the sandbox (and the host) carry on
+
+
+def test_seccomp_refuses_namespace_mount_and_ptrace_calls(sandbox):
+    # unshare(0) and setns are harmless without the filter (they return 0 / EBADF); with it, EPERM.
+    probe = ("import ctypes; l = ctypes.CDLL(None, use_errno=True); "
+             "print(*[(l.syscall(n, *a), ctypes.get_errno()) for n, a in ((272, (0,)), (308, (-1, 0)), "
+             "(101, (16, 1, 0, 0)), (39, ()))])")
+    r = sandbox.run(f"grep Seccomp: /proc/self/status; python3 -c '{probe}'")
+    lines = r.output.splitlines()
+    assert lines[0] == "Seccomp:\t2", r.output
+    unshare, setns, ptrace, getpid = (eval(x) for x in lines[1].replace(") (", ")|(").split("|"))
+    assert unshare == (-1, 1) and setns == (-1, 1) and ptrace == (-1, 1)
+    assert getpid[0] > 0  # everything else goes through
