@@ -108,20 +108,17 @@ class Chat:
         results, user turns) rendered as the template renders them after an assistant turn, then the
         next generation prompt (``kwargs``: template arguments). The reply itself is never
         rendered, so its ids stay the sampler's."""
+        # Only the text after the placeholder reply is used: templates may render the reply's own
+        # turn differently once more turns follow (Qwen3 adds an empty thinking block to the last one).
         head = [{"role": "user", "content": "."}, {"role": "assistant", "content": _PLACEHOLDER}]
-        before = self.render(head, tools=tools, **kwargs)
         after = self.render([*head, *messages], add_generation_prompt=True, tools=tools, **kwargs)
         start = after.find(_PLACEHOLDER)
-        if start < 0 or before.find(_PLACEHOLDER) != start:
-            raise ChatTemplateError("chat template does not render an assistant turn verbatim")
+        if start < 0 or after.count(_PLACEHOLDER) != 1:
+            raise ChatTemplateError("chat template does not render an assistant turn's content verbatim")
         end = start + len(_PLACEHOLDER)
         # The assistant turn's closing text (e.g. "<|im_end|>") is what the model generated as its
         # stop token; everything after it is the environment's to append.
-        closing = self._closing_text(before[end:])
-        cut = end + len(closing)
-        if after[:cut] != before[:cut]:
-            raise ChatTemplateError("chat template renders earlier turns differently once more follow")
-        return self.encode(after[cut:])
+        return self.encode(after[end + len(self._closing_text(after[end:])):])
 
     def _closing_text(self, tail: str) -> str:
         """The stop token's text at the start of ``tail`` (what ends an assistant turn)."""

@@ -25,6 +25,8 @@ TEMPLATE = """{%- if tools %}<|im_start|>system
 {%- set content = message.content %}
 {%- if message.role == 'assistant' and not loop.last and '</think>' in content %}
 {%- set content = content.split('</think>')[-1].lstrip('\\n') %}
+{%- elif message.role == 'assistant' and loop.last and '</think>' not in content %}
+{%- set content = '<think>\\n\\n</think>\\n\\n' + content %}
 {%- endif %}
 {%- if message.role == 'tool' %}<|im_start|>user
 <tool_response>
