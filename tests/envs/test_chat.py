@@ -70,3 +70,18 @@ def test_saved_tokenizer_files_are_the_sources_bytes(model_dir, tmp_path):
     for n in names:
         assert (tmp_path / "out" / n).read_bytes() == (model_dir / n).read_bytes()
     assert json.loads((tmp_path / "out" / "tokenizer_config.json").read_text())["chat_template"]
+
+
+def test_renders_like_transformers_apply_chat_template(model_dir):
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.AutoTokenizer.from_pretrained(str(model_dir))
+    chat = Chat.from_tokenizer(load_tokenizer(model_dir))
+    tools = [{"type": "function", "function": {"name": "shell", "parameters": {"type": "object"}}}]
+    conversation = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello"},
+                    {"role": "assistant", "content": "<think>hmm</think>hi"},
+                    {"role": "tool", "content": "out"}]
+    for kwargs in ({}, {"enable_thinking": False}):
+        for add in (True, False):
+            want = hf.apply_chat_template(conversation, tools=tools, add_generation_prompt=add,
+                                          tokenize=False, **kwargs)
+            assert chat.render(conversation, tools=tools, add_generation_prompt=add, **kwargs) == want
