@@ -28,11 +28,21 @@ compute_dtype=...)``: KV ``auto`` stores keys/values in the compute dtype, ``bf1
 ``k_scale``/``v_scale``, else 1.0). ``compute_dtype="float32"`` is the "fp32 mode" used to tie
 the sampler to the fp32 trainer: quantized values stay exactly what the export holds, only the
 arithmetic around them is float32.
+
+``logit_noise=sigma`` is the *mismatch dial*, a control for experiments rather than a precision:
+the engine adds ``sigma * eps`` to the raw logits (before temperature) of every sampled token,
+``eps`` standard normal per vocabulary entry, a pure function of the request's seed, the token's
+index and the vocabulary id (``sampler_torch.engine.sampling.logit_noise``). Everything the
+trajectory records (log b, log q, the head, the support) is of the perturbed distribution, the one
+actually sampled from, so the trainer's correction sees an exact behaviour policy whose distance
+from its own grows with sigma. The registered session's ``Recipe.logit_noise`` carries sigma, so
+every trajectory's recipe says how it was perturbed. 0 (the default) is off.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 
 WEIGHT_FORMATS = ("bf16", "fp8_block", "nvfp4", "mxfp4", "w8a8_int8")
 #: ``mixrl-sample --backend`` choice -> the label a registration's ``Recipe.backend`` carries
@@ -68,8 +78,18 @@ class Recipe:
     attention: str = "sdpa"
     compute_dtype: str = "bfloat16"
     kernel: str = "auto"
+    logit_noise: float = 0.0  # sigma of the Gaussian logit perturbation (the mismatch dial)
 
     def __post_init__(self):
+        try:  # ``--recipe-override logit_noise=0.1`` arrives as text
+            sigma = float(self.logit_noise)
+        except (TypeError, ValueError):
+            raise RecipeError(f"recipe {self.name!r}: logit_noise={self.logit_noise!r} is not a "
+                              "number") from None
+        if not math.isfinite(sigma) or sigma < 0:
+            raise RecipeError(f"recipe {self.name!r}: logit_noise must be a finite sigma >= 0, "
+                              f"got {self.logit_noise!r}")
+        object.__setattr__(self, "logit_noise", sigma)
         for field, allowed in (("weight_format", WEIGHT_FORMATS), ("activations", ACTIVATIONS),
                                ("kv_cache_dtype", KV_CACHE_DTYPES),
                                ("attention", ATTENTION_IMPLS), ("compute_dtype", COMPUTE_DTYPES),
@@ -88,7 +108,7 @@ class Recipe:
         return {"auto": self.compute_dtype, "bf16": "bfloat16", "float32": "float32",
                 "fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2"}[self.kv_cache_dtype]
 
-    def describe(self) -> dict[str, str]:
+    def describe(self) -> dict[str, str | float]:
         """The recipe as the trajectory metadata records it."""
         return dataclasses.asdict(self) | {"kv_cache_dtype": self.kv_dtype_name}
 

@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         weight_formats=(recipe.weight_format,), name=args.name or f"{socket.gethostname()}:{os.getpid()}",
         recipe=dict(name=recipe.name, weight_format=recipe.weight_format,
                     activation_format=recipe.activations, kv_dtype=recipe.describe()["kv_cache_dtype"],
-                    backend=BACKENDS[args.backend]),
+                    backend=BACKENDS[args.backend], logit_noise=recipe.logit_noise),
         tls=tls)
     loop = SamplerLoop(client, engine, LoopConfig(
         capacity=args.capacity, weights_cache=args.weights_cache, transfer=args.weights_transfer,

@@ -105,6 +105,13 @@ class SamplerLoop:
         self.stats.weight_versions.append(wv.version)
         log.info("weights version %d (%s) verified and loaded in %.2f s", wv.version, fmt,
                  time.perf_counter() - t0)
+        # Report the new version now, not at the next periodic heartbeat: the trainer leases
+        # tasks that need it (synchronous mode, evaluation) only once it knows.
+        try:
+            resp = self.client.heartbeat(self.engine.version, self.stats.weight_failures, self.active_samples)
+            self.client.expired_leases.update(resp.expired_lease_ids)
+        except (RolloutError, ValueError) as e:  # ValueError: the channel closed under us
+            log.warning("heartbeat after loading version %d: %s", wv.version, e)
 
     def start_background(self) -> None:
         self._threads.append(self.client.start_heartbeat(

@@ -31,7 +31,7 @@ def sampler_command(group: SamplerGroupConfig, index: int, *, address: str, mode
            "--capacity", str(group.capacity), "--threads", str(group.threads),
            "--episode-tokens", str(episode_tokens), "--weights-transfer", "shared",
            "--name", f"{group.name}-{index}", "--weights-cache", str(cache_dir)]
-    for key in ("attention", "kv_cache_dtype"):
+    for key in ("attention", "kv_cache_dtype", "logit_noise"):
         if getattr(group, key) is not None:
             cmd += ["--recipe-override", f"{key}={getattr(group, key)}"]
     if exit_with_parent is not None:

@@ -44,6 +44,7 @@ from trainer_jax.service.auth import generate_token
 from trainer_jax.service.server import RolloutService
 from trainer_jax.service.tasks import build_task_source
 from trainer_jax.sft import warm_start
+from trainer_jax.sync import SyncTasks
 
 # What a run leaves in its directory; a fresh run finding any of them sets the old run aside.
 _RUN_ARTIFACTS = ("checkpoints", "weights", "metrics.jsonl", "summary.json")
@@ -109,6 +110,8 @@ class Trainer:
         self.alarms = CollapseAlarms(settle_steps=alarm_settle_steps(cfg.optimizer.warmup_steps))
         self.source = build_task_source(cfg.tasks, tokenizer=self.tokenizer)
         self.source.cursor = int(self.meta["task_cursor"])
+        # train.sync: the service sees the source through a version gate (trainer_jax.sync).
+        self.sync = SyncTasks(self.source, cfg.train.prompts_per_step) if cfg.train.sync else None
         self.eval_source = build_task_source(cfg.tasks, tokenizer=self.tokenizer, seed=cfg.train.eval_seed,
                                              prefix="eval", evaluation=True)
 
@@ -134,7 +137,8 @@ class Trainer:
         fd = os.open(self.token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(token)
-        self.service = RolloutService.from_config(self.cfg, token=token, source=self.source).start()
+        source = self.sync or self.source
+        self.service = RolloutService.from_config(self.cfg, token=token, source=source).start()
         self.evaluator = FleetEvaluator(self.cfg, self.eval_source, self.service)
         self.console.print(f"rollout service on {self.service.address}")
 
@@ -248,6 +252,8 @@ class Trainer:
             version += 1  # a fresh directory: the killed run may have half-announced its last one
         self.meta["version"] = version
         paths = self.publisher.publish_now(version, snapshot(self.model))
+        if self.sync:
+            self.sync.release(version)
         summary = {"run_dir": str(self.run_dir), "formats": self.weight_formats(),
                    "mesh": {a: int(self.mesh.shape[a]) for a in ("data", "fsdp", "expert", "tensor")},
                    "devices": int(self.mesh.size)}
@@ -286,9 +292,12 @@ class Trainer:
         with StepProgress(self.console, cfg.run.steps, self.meta["step"], cfg.train.log_every) as progress:
             while self.meta["step"] < cfg.run.steps:
                 t0 = time.perf_counter()
-                groups = self._take(cfg.train.prompts_per_step)
+                groups = (self.sync.take(self._take, cfg.train.prompts_per_step, self.meta["version"])
+                          if self.sync else self._take(cfg.train.prompts_per_step))
                 t1 = time.perf_counter()
                 inputs, batch, samples, taken, rewards = self._batch(groups)
+                if self.sync:  # what did not fit is of this version: never train it later
+                    self.carry_dropped, self.carry = self.carry_dropped + len(self.carry), []
                 self._save_trajectories(samples, taken)
                 result = self.learner.step(inputs, batch)
                 t2 = time.perf_counter()
@@ -296,7 +305,12 @@ class Trainer:
                 step = self.meta["step"]
                 values = self._step_metrics(groups, samples, taken, rewards, result, t1 - t0, t2 - t1)
                 values.update(self.source.metrics(groups))
-                if step % cfg.train.publish_every == 0:
+                if self.sync:  # the next step's tasks wait for this version, announced
+                    self.meta["version"] += 1
+                    self.publisher.publish_now(self.meta["version"], snapshot(self.model))
+                    self.sync.release(self.meta["version"])
+                    values["sync/dropped_groups_total"] = self.sync.dropped_groups
+                elif step % cfg.train.publish_every == 0:
                     self.meta["version"] += 1
                     self.publisher.request(self.meta["version"], snapshot(self.model))
                 if cfg.train.eval_every and step % cfg.train.eval_every == 0 and step < cfg.run.steps:

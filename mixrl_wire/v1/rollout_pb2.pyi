@@ -31,18 +31,20 @@ class Array(_message.Message):
     def __init__(self, dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class Recipe(_message.Message):
-    __slots__ = ("name", "weight_format", "activation_format", "kv_dtype", "backend")
+    __slots__ = ("name", "weight_format", "activation_format", "kv_dtype", "backend", "logit_noise")
     NAME_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_FORMAT_FIELD_NUMBER: _ClassVar[int]
     ACTIVATION_FORMAT_FIELD_NUMBER: _ClassVar[int]
     KV_DTYPE_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
+    LOGIT_NOISE_FIELD_NUMBER: _ClassVar[int]
     name: str
     weight_format: str
     activation_format: str
     kv_dtype: str
     backend: str
-    def __init__(self, name: _Optional[str] = ..., weight_format: _Optional[str] = ..., activation_format: _Optional[str] = ..., kv_dtype: _Optional[str] = ..., backend: _Optional[str] = ...) -> None: ...
+    logit_noise: float
+    def __init__(self, name: _Optional[str] = ..., weight_format: _Optional[str] = ..., activation_format: _Optional[str] = ..., kv_dtype: _Optional[str] = ..., backend: _Optional[str] = ..., logit_noise: _Optional[float] = ...) -> None: ...
 
 class SamplingParams(_message.Message):
     __slots__ = ("temperature", "top_p", "top_k", "head_k", "max_new_tokens", "stop_token_ids", "seed")

@@ -29,6 +29,8 @@ def open_backend(kind: str, model_dir: str | os.PathLike, recipe: Recipe, *,
     """
     if kind not in BACKENDS:
         raise ValueError(f"unknown backend {kind!r}; known: {', '.join(BACKENDS)}")
+    if recipe.logit_noise and kind != "engine":  # the dial lives in the engine's sampling step
+        raise ValueError(f"logit_noise={recipe.logit_noise} needs --backend engine, not {kind}")
     if kind == "engine":
         if server_url:
             raise ValueError("--server-url is for the sglang and vllm backends, not the engine")

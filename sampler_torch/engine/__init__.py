@@ -2,7 +2,7 @@
 
 from sampler_torch.engine.engine import Engine, GenerateStats
 from sampler_torch.engine.params import Completion, SamplingParams
-from sampler_torch.engine.sampling import StepRecords, sample_step, uniforms
+from sampler_torch.engine.sampling import StepRecords, logit_noise, perturb_logits, sample_step, uniforms
 
-__all__ = ["Completion", "Engine", "GenerateStats", "SamplingParams", "StepRecords", "sample_step",
-           "uniforms"]
+__all__ = ["Completion", "Engine", "GenerateStats", "SamplingParams", "StepRecords", "logit_noise",
+           "perturb_logits", "sample_step", "uniforms"]

@@ -36,7 +36,12 @@ import torch
 
 from sampler_torch.engine.forward import EngineForward
 from sampler_torch.engine.params import Completion, SamplingParams, per_request
-from sampler_torch.engine.sampling import sample_step, sample_untruncated_compiled, uniforms
+from sampler_torch.engine.sampling import (
+    perturb_logits,
+    sample_step,
+    sample_untruncated_compiled,
+    uniforms,
+)
 from sampler_torch.recipes import (
     LoadedModel,
     Recipe,
@@ -295,7 +300,8 @@ class Engine:
             counts = np.array([len(running[s].out.token_ids) for s in slot_order], np.uint64)
             u_rows = uniforms(seeds[slot_order], counts)
             head_k = max(running[s].params.head_k for s in slot_order)
-            if (logits_all is not None and not admitted and head_k > 0
+            noise = self.recipe.logit_noise
+            if (logits_all is not None and not admitted and head_k > 0 and not noise
                     and not any(running[s].truncates for s in slot_order)):
                 # Steady decoding without truncation: sample all slots in one compiled graph
                 # (idle slots draw too, from u = 0, and are dropped).
@@ -307,6 +313,7 @@ class Engine:
                 if decode_rows is not None:
                     logits_parts.append(logits_all[torch.tensor(decode_rows, device=dev)])
                 logits = torch.cat(logits_parts).float().cpu()
+                logits = perturb_logits(logits, noise, seeds[slot_order], counts)  # the dial
                 order = torch.tensor(slot_order)
                 rec = sample_step(logits, temp[order], top_p[order], top_k[order], head_k,
                                   torch.from_numpy(u_rows))

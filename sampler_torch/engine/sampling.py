@@ -14,6 +14,12 @@ Uniforms come from a counter-based generator: ``u = splitmix64(seed, n) / 2^64``
 token of a request, so a request's samples depend only on its seed and its logits -- never on
 which other requests share the batch or which slot it landed in (continuous batching reorders
 both freely).
+
+The mismatch dial (``Recipe.logit_noise = sigma > 0``) perturbs z before all of the above:
+z' = z + sigma * eps with eps ~ N(0, 1) per vocabulary entry, from the same kind of counter-based
+stream keyed by (seed, token index, vocabulary id) with its own salt (``logit_noise``), so the
+noise is reproducible, independent of the sampling uniforms and of batching. Every record is of
+z', the distribution actually sampled from.
 """
 
 from __future__ import annotations
@@ -45,6 +51,37 @@ def uniforms(seeds: np.ndarray, counters: np.ndarray) -> np.ndarray:
         s = _mix64(np.asarray(seeds, np.uint64))
         z = _mix64(s + (np.asarray(counters, np.uint64) + np.uint64(1)) * _GOLDEN)
     return (z >> np.uint64(11)).astype(np.float64) * (1.0 / 2**53)
+
+
+# Salts the noise stream so it never coincides with the uniforms' stream of the same seed.
+_NOISE_SALT = np.uint64(0x6C6F676974204E53)
+
+
+def logit_noise(seeds: np.ndarray, counters: np.ndarray, vocab: int) -> np.ndarray:
+    """float32 ``[B, vocab]`` standard normals: entry (i, j) depends only on ``seeds[i]``,
+    ``counters[i]`` (the token's index in its request) and j.
+
+    Box-Muller on two SplitMix64 draws per entry (u1 in (0, 1], u2 in [0, 1)); costs O(B * vocab)
+    integer work per step in numpy, which is why it is a control for experiments, not a default.
+    """
+    with np.errstate(over="ignore"):
+        seeds = np.asarray(seeds, np.uint64) ^ _NOISE_SALT
+        key = _mix64(_mix64(seeds) + (np.asarray(counters, np.uint64) + np.uint64(1)) * _GOLDEN)
+        j = np.arange(vocab, dtype=np.uint64)[None, :] * np.uint64(2)
+        z1 = _mix64(key[:, None] + (j + np.uint64(1)) * _GOLDEN)
+        z2 = _mix64(key[:, None] + (j + np.uint64(2)) * _GOLDEN)
+    u1 = ((z1 >> np.uint64(11)).astype(np.float64) + 1.0) * (1.0 / 2**53)
+    u2 = (z2 >> np.uint64(11)).astype(np.float64) * (1.0 / 2**53)
+    return (np.sqrt(-2.0 * np.log(u1)) * np.cos(2.0 * np.pi * u2)).astype(np.float32)
+
+
+def perturb_logits(logits: torch.Tensor, sigma: float, seeds: np.ndarray,
+                   counters: np.ndarray) -> torch.Tensor:
+    """``logits + sigma * logit_noise(...)`` (a new float32 tensor); ``logits`` as is when sigma is 0."""
+    if sigma <= 0:
+        return logits
+    noise = torch.from_numpy(logit_noise(seeds, counters, logits.shape[1])).to(logits.device)
+    return logits.float() + sigma * noise
 
 
 @dataclasses.dataclass

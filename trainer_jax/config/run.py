@@ -23,6 +23,9 @@ class SamplerGroupConfig(_Strict):
     recipe: str = "bf16"  # a name in mixrl_wire.recipes.RECIPES
     attention: Literal["sdpa", "eager"] | None = None  # None: the recipe's default
     kv_cache_dtype: str | None = None  # None: the recipe's default
+    # The mismatch dial (mixrl_wire.recipes): sigma of seeded Gaussian noise on the sampler's
+    # logits, recorded in the group's registered recipe. None: the recipe's (0, off).
+    logit_noise: float | None = Field(None, ge=0, allow_inf_nan=False)
     processes: int = Field(1, ge=0)
     capacity: int = Field(8, gt=0)
     threads: int = Field(1, gt=0)
@@ -88,6 +91,8 @@ class TrainConfig(_Strict):
     keep_versions: int = Field(3, gt=0)
     weights: WeightsConfig = Field(default_factory=WeightsConfig)
     max_staleness: int | None = Field(None, ge=0)  # None: no cap (the design's default)
+    # Step s learns only from samples of weights version s (trainer_jax.sync): no policy lag.
+    sync: bool = False
     rows: int = Field(16, gt=0)
     row_len: int = Field(128, gt=0)
     # Rows per forward/backward pass (None: all rows at once); must divide ``rows``. The step's
@@ -113,6 +118,9 @@ class TrainConfig(_Strict):
     def _micro_rows_divide_rows(self) -> TrainConfig:
         if self.micro_rows is not None and self.rows % self.micro_rows:
             raise ValueError(f"micro_rows ({self.micro_rows}) must divide rows ({self.rows})")
+        if self.sync and self.publish_every != 1:
+            raise ValueError(f"sync: true publishes every step; publish_every must be 1, got "
+                             f"{self.publish_every}")
         return self
 
 

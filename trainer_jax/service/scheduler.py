@@ -8,6 +8,9 @@ queue, so partial groups complete first. A sample is accepted at most once: a su
 come from the session holding a live lease that still lists the sample. A retry of an accepted
 sample on the same lease is acknowledged as a duplicate and not counted again.
 
+A training task with ``TaskSpec.min_version`` > 0 (synchronous mode, ``trainer_jax.sync``) is
+leased only to a session whose heartbeat reports that weights version or a newer one.
+
 Evaluation tasks (``TaskSpec.evaluation``) ride the same leases and submissions: they wait in
 their own queue, are granted first to a session of their ``group`` holding weights
 ``min_version`` or newer, do not count against the training buffer or the router's quotas, and
@@ -140,7 +143,7 @@ class Scheduler:
             raise Rejected(grpc.StatusCode.INVALID_ARGUMENT, "weight_formats",
                            f"unknown format(s) {unknown}; known: {', '.join(WEIGHT_FORMATS)}")
         recipe = {f: getattr(req.recipe, f) for f in ("name", "weight_format", "activation_format",
-                                                       "kv_dtype", "backend")}
+                                                       "kv_dtype", "backend", "logit_noise")}
         with self.lock:
             s = Session(id=secrets.token_hex(16), name=req.name or peer, group=req.group, recipe=recipe,
                         accelerator=req.accelerator, capacity=int(req.capacity),
@@ -202,7 +205,8 @@ class Scheduler:
         while self.pending_samples < want and not self.exhausted:
             spec = self.source.next_task()
             if spec is None:
-                self.exhausted = True
+                # A gated source (trainer_jax.sync) has no task *yet*: not the end of the stream.
+                self.exhausted = not getattr(self.source, "waiting", False)
                 break
             task_id = self._next_task_id
             self._next_task_id += 1
@@ -233,7 +237,7 @@ class Scheduler:
                 # A pinned group larger than the session's room is still granted whole to a session
                 # holding nothing, so a sampler of capacity < G is not starved; the buffer bound holds.
                 whole_group_ok = not tasks and s.outstanding == 0 and size <= free and session_room > 0
-                if size > room and not whole_group_ok:
+                if (size > room and not whole_group_ok) or self._too_old(s, task_id):
                     break
                 self.pending.popleft()
                 self.pending_samples -= size
@@ -245,9 +249,17 @@ class Scheduler:
             if not self.pending and self.exhausted:
                 return pb.LeaseResponse(retry_after_ms=_RETRY_MS_EMPTY, reason="no more tasks")
             why = ("buffer full: the trainer has not taken enough groups" if free <= 0 else
+                   "waiting for a sampler holding the tasks' weights version"
+                   if self.pending and self._too_old(s, self.pending[0][0]) else
                    "session at its outstanding limit" if session_room <= 0 else
                    f"group {s.group!r} at its router quota ({quota})")
             return pb.LeaseResponse(retry_after_ms=_RETRY_MS_BUSY, reason=why)
+
+    def _too_old(self, s: Session, task_id: int) -> bool:
+        """A training task with a ``min_version`` (synchronous mode) waits for a session that
+        reports holding that version; tasks without one (0, the async path) go to anyone."""
+        need = self.tasks[task_id].spec.min_version
+        return need > 0 and s.weights_version < need
 
     def _lease_evaluations(self, s: Session, room: int, now: float, now_unix: float) -> list[pb.Task]:
         """Grant the evaluation items this session may run, whole, within its ``room``."""
