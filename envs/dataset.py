@@ -49,8 +49,13 @@ def check_options(options: dict[str, Any]) -> None:
     if not isinstance(options.get("prompt_key", "prompt"), str):
         raise ValueError("dataset: options.prompt_key must be a column name")
     check_reward_spec(options.get("reward", "exact"))
-    if float(options.get("reward_timeout_s", 10.0)) <= 0:
-        raise ValueError("dataset: options.reward_timeout_s must be > 0")
+    timeout = options.get("reward_timeout_s", 10.0)
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
+        raise ValueError(f"dataset: options.reward_timeout_s must be a number > 0, got {timeout!r}")
+    for key, low in (("reward_workers", 1), ("shuffle_seed", 0)):
+        value = options.get(key, low)
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"dataset: options.{key} must be an integer >= {low}, got {value!r}")
 
 
 @functools.cache

@@ -116,7 +116,9 @@ def test_bad_dataset_options_fail_at_config_load(rows, tmp_path):
                              ({"path": str(tmp_path / "x.jsonl")}, "does not exist"),
                              ({"path": str(rows.with_suffix(".csv"))}, "not .jsonl or .parquet"),
                              ({"path": str(rows), "reward": "no colon"}, "package.module:function"),
-                             ({"path": str(rows), "rewrad": "math"}, "unknown options")]:
+                             ({"path": str(rows), "rewrad": "math"}, "unknown options"),
+                             ({"path": str(rows), "reward_workers": 0}, "reward_workers must be an integer"),
+                             ({"path": str(rows), "reward_timeout_s": "soon"}, "reward_timeout_s must be")]:
         with pytest.raises(ConfigError, match=message):
             load(**options)
     with pytest.raises(ValueError, match="no column 'prompt'"):
