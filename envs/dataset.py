@@ -92,6 +92,11 @@ class DatasetTasks(Environment):
                  reward_timeout_s: float = 10.0, reward_workers: int = 2, shuffle_seed: int = 0,
                  eval_path: str | None = None):
         super().__init__(tokenizer, difficulty)
+        if path is None:
+            # What a sampler sees building the environment by name: it generates from the task's
+            # prompt ids instead (the trainer scores the reply).
+            raise ValueError("dataset tasks are built and scored on the trainer (the rows stay there); "
+                             "samplers generate from the task's prompt ids")
         options = {k: v for k, v in dict(path=path, eval_path=eval_path, reward=reward,
                                            reward_timeout_s=reward_timeout_s).items() if v is not None}
         check_options(options)
