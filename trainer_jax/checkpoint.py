@@ -79,8 +79,9 @@ def verify_manifest(step_dir: Path) -> str | None:
         p = step_dir / rel
         if not p.is_file():
             return f"{rel} is missing"
-        if p.stat().st_size != want["size"]:
-            return f"{rel} has {p.stat().st_size} bytes, expected {want['size']} (truncated?)"
+        if (size := p.stat().st_size) != want["size"]:
+            return (f"{rel} has {size} bytes, expected {want['size']}"
+                    + (" (truncated)" if size < want["size"] else ""))
         if _sha256(p) != want["sha256"]:
             return f"{rel} does not match its sha256"
     return None
@@ -130,6 +131,9 @@ class Checkpointer:
             if self._single:
                 write_manifest(self.step_dir(step))
         except (OSError, ValueError, RuntimeError) as e:
+            if self._single:  # what orbax left of the failed step is never a checkpoint: clear it
+                for p in self.directory.glob(f"{step}{_TMP_MARK}*"):
+                    shutil.rmtree(p, ignore_errors=True)
             raise CheckpointError(f"checkpoint step {step} in {self.directory} could not be written: "
                                   f"{_one_line(e)}") from e
 
@@ -180,4 +184,6 @@ class Checkpointer:
 
 def _one_line(e: BaseException) -> str:
     text = " ".join(str(e).split())
-    return f"{type(e).__name__}: {text[:300]}"
+    if len(text) > 400:  # tensorstore's messages end with the OS error: keep both ends
+        text = f"{text[:200]} ... {text[-200:]}"
+    return f"{type(e).__name__}: {text}"

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from rich.console import Console
@@ -67,7 +68,18 @@ def main(argv: list[str] | None = None) -> int:
 
     console.print(f"[bold]mixrl[/bold] {cfg.run.name}: {len(cfg.groups)} sampler groups "
                   f"({', '.join(f'{g.name}:{g.recipe}' for g in cfg.groups)}), run dir {cfg.run.dir}")
-    summary = train(cfg, resume=args.resume, console=console)
+    from trainer_jax.checkpoint import CheckpointError
+    from trainer_jax.resume import StorageError
+
+    try:
+        summary = train(cfg, resume=args.resume, console=console)
+    except (CheckpointError, StorageError, OSError) as e:  # disk full, unwritable, corrupt: one line
+        console.print(f"[red]error:[/red] {' '.join(str(e).split())}", soft_wrap=True)
+        # Exit now: the run has closed what it owns, and library exit hooks (tensorboard's flush,
+        # orbax's event loops) would fail again on the same disk and bury the line in tracebacks.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
     table = Table(title=f"{cfg.run.name}: {summary['steps']} steps")
     table.add_column("")
     keys = sorted(set(summary["eval_start"]) | set(summary["eval_end"]))

@@ -32,6 +32,7 @@ from trainer_jax.checkpoint import Checkpointer
 from trainer_jax.config import RunConfig
 from trainer_jax.diagnostics import CollapseAlarms, MetricsSink, alarm_settle_steps, plot_run
 from trainer_jax.evaluation import FleetEvaluator
+from trainer_jax.faults import during, fault_point
 from trainer_jax.learner import Learner
 from trainer_jax.objective import compute_advantages, reduce_metrics
 from trainer_jax.parallel.mesh import describe, make_mesh
@@ -39,6 +40,7 @@ from trainer_jax.parallel.rules import ShardingRules
 from trainer_jax.policy import build_policy
 from trainer_jax.progress import StepProgress
 from trainer_jax.publisher import Publisher, snapshot
+from trainer_jax.resume import StorageError, continue_versions, storage_failure, trim_metrics
 from trainer_jax.samplers import LocalSamplers
 from trainer_jax.service.auth import generate_token
 from trainer_jax.service.server import RolloutService
@@ -101,11 +103,21 @@ class Trainer:
                                micro_rows=cfg.train.micro_rows)
         self.console.print(f"learner on mesh {describe(self.mesh)} ({self.mesh.size} devices, "
                            f"{jax.devices()[0].platform})")
-        self.checkpointer = Checkpointer(run / "checkpoints", keep_last=cfg.train.keep_checkpoints)
+        self.checkpointer = Checkpointer(
+            run / "checkpoints", keep_last=cfg.train.keep_checkpoints,
+            log=lambda line: self.console.print(f"[yellow]{line}[/yellow]", soft_wrap=True))
         self.meta = {"step": 0, "version": 0, "task_cursor": 0, "sft_done": False, "history": {}}
+        self.restored = False
         if self.resume and self.checkpointer.latest_step() is not None:
             self.meta = self.checkpointer.restore(self.model, self.learner.optimizer)
-            self.console.print(f"resumed from step {self.meta['step']} (weights v{self.meta['version']})")
+            self.restored = True
+            step, version = self.meta["step"], self.meta["version"]
+            self.console.print(f"resumed from step {step} (checkpoint {self.checkpointer.step_dir(step)}, "
+                               f"weights v{version})", soft_wrap=True)
+        if self.resume:  # steps after the checkpoint are trained again: their records go aside
+            if moved := trim_metrics(run, self.meta["step"] if self.restored else None):
+                self.console.print(f"{moved} metric records after the restored step moved to "
+                                   "metrics.discarded.jsonl", soft_wrap=True)
         self.sink = MetricsSink(run, wandb=cfg.logging.wandb.model_dump() if cfg.logging.wandb else None)
         self.alarms = CollapseAlarms(settle_steps=alarm_settle_steps(cfg.optimizer.warmup_steps))
         self.source = build_task_source(cfg.tasks, tokenizer=self.tokenizer)
@@ -132,8 +144,10 @@ class Trainer:
         self.console.print(f"warm start: {len(losses)} steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}")
 
     def _start_service(self) -> None:
-        token = generate_token()
         self.token_file = self.run_dir / "token"
+        # A resumed run keeps the token, so samplers that joined by address can re-register.
+        resumed = self.resume and self.token_file.is_file() and self.token_file.read_text().strip()
+        token = resumed or generate_token()
         fd = os.open(self.token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(token)
@@ -248,8 +262,14 @@ class Trainer:
                                    self.weight_formats, self.tokenizer_dir, cfg.train.keep_versions,
                                    self._on_published, delta=wcfg.delta, full_every=wcfg.full_every)
         version = int(self.meta["version"])
-        if self.resume and version > 0:
-            version += 1  # a fresh directory: the killed run may have half-announced its last one
+        if self.resume:
+            # Past every version ever published here, so no sampler takes the new weights for
+            # old ones; versions after the checkpoint are set aside (trainer_jax.resume).
+            version, discarded = continue_versions(self.run_dir / "weights",
+                                                   version if self.restored else None)
+            if discarded:
+                self.console.print(f"weights v{discarded[0]}..v{discarded[-1]} were published after the "
+                                   "restored checkpoint: moved to weights/discarded/", soft_wrap=True)
         self.meta["version"] = version
         paths = self.publisher.publish_now(version, snapshot(self.model))
         if self.sync:
@@ -299,6 +319,7 @@ class Trainer:
                 if self.sync:  # what did not fit is of this version: never train it later
                     self.carry_dropped, self.carry = self.carry_dropped + len(self.carry), []
                 self._save_trajectories(samples, taken)
+                fault_point("learner_step")
                 result = self.learner.step(inputs, batch)
                 t2 = time.perf_counter()
                 self.meta["step"] += 1
@@ -312,7 +333,9 @@ class Trainer:
                     values["sync/dropped_groups_total"] = self.sync.dropped_groups
                 elif step % cfg.train.publish_every == 0:
                     self.meta["version"] += 1
-                    self.publisher.request(self.meta["version"], snapshot(self.model))
+                    self.publisher.request(self.meta["version"], during("publish", snapshot(self.model)))
+                if failure := storage_failure(self.publisher.errors):
+                    raise StorageError(f"weights publication failed, stopping: {failure}")
                 if cfg.train.eval_every and step % cfg.train.eval_every == 0 and step < cfg.run.steps:
                     values.update(self.evaluate(f"step {step}"))
                 alarms = self.alarms.update(values["reward_mean"], values.get("k3"),
