@@ -20,17 +20,20 @@ __all__ = ["Qwen3", "Qwen3Config", "init_model", "iter_hf_tensors", "load_hf", "
 
 
 def init_model(cfg: Qwen3Config, *, dtype=jnp.float32, param_dtype=None, seed: int = 0,
-               moe_impl: str | None = None) -> Qwen3:
+               moe_impl: str | None = None, attention_impl: str | None = None,
+               remat: str = "none") -> Qwen3:
     """A randomly initialised model (normal(0.02) weights, unit norms)."""
     return Qwen3(cfg, dtype=dtype, param_dtype=param_dtype or dtype, rngs=nnx.Rngs(seed),
-                 moe_impl=moe_impl)
+                 moe_impl=moe_impl, attention_impl=attention_impl, remat=remat)
 
 
 def load_hf(path: str | os.PathLike, dtype=jnp.float32, *, param_dtype=None,
-            moe_impl: str | None = None) -> tuple[Qwen3, Qwen3Config]:
+            moe_impl: str | None = None, attention_impl: str | None = None,
+            remat: str = "none") -> tuple[Qwen3, Qwen3Config]:
     """Load an HF Qwen3 / Qwen3-MoE directory; compute in ``dtype``, store in ``param_dtype``.
 
-    ``moe_impl`` picks the expert grouped matmul (see ``grouped_matmul``; default by backend).
+    ``moe_impl`` picks the expert grouped matmul (see ``grouped_matmul``; default by backend);
+    ``attention_impl`` and ``remat`` are ``Qwen3``'s (``attention.py``, ``remat.py``).
 
     The model is built abstractly (no random init) and filled tensor by tensor from the
     safetensors shards, so host memory peaks near one tensor (one layer's experts for MoE).
@@ -38,7 +41,8 @@ def load_hf(path: str | os.PathLike, dtype=jnp.float32, *, param_dtype=None,
     ckpt = HFCheckpoint(path)
     cfg = Qwen3Config.from_hf_dict(ckpt.config)
     model = nnx.eval_shape(lambda: Qwen3(cfg, dtype=dtype, param_dtype=param_dtype or dtype,
-                                         rngs=nnx.Rngs(0), moe_impl=moe_impl))
+                                         rngs=nnx.Rngs(0), moe_impl=moe_impl,
+                                         attention_impl=attention_impl, remat=remat))
     load_hf_tensors(model, ckpt.get)
     return model, cfg
 

@@ -15,7 +15,9 @@ import jax.numpy as jnp
 from flax import nnx
 
 from convert.qwen3_config import Qwen3Config
+from trainer_jax.models.attention import attention
 from trainer_jax.models.grouped_matmul import grouped_matmul
+from trainer_jax.models.remat import remat_layer
 from trainer_jax.parallel import hooks  # no-ops unless a device mesh is active (docs/scale_out.md)
 
 Array = jax.Array
@@ -66,11 +68,13 @@ def segment_positions(segment_ids: Array) -> Array:
 
 
 class Attention(nnx.Module):
-    def __init__(self, cfg: Qwen3Config, *, dtype, param_dtype, rngs: nnx.Rngs):
+    def __init__(self, cfg: Qwen3Config, *, dtype, param_dtype, rngs: nnx.Rngs,
+                 attention_impl: str | None = None):
         d, hd = cfg.hidden_size, cfg.head_dim
         self.num_heads, self.num_kv_heads, self.head_dim = (
             cfg.num_attention_heads, cfg.num_key_value_heads, hd)
         self.rope_theta = cfg.rope_theta
+        self.attention_impl = attention_impl
         self.q_proj = _linear(d, self.num_heads * hd, dtype, param_dtype, rngs)
         self.k_proj = _linear(d, self.num_kv_heads * hd, dtype, param_dtype, rngs)
         self.v_proj = _linear(d, self.num_kv_heads * hd, dtype, param_dtype, rngs)
@@ -79,9 +83,9 @@ class Attention(nnx.Module):
         self.q_norm = RMSNorm(hd, cfg.rms_norm_eps, param_dtype=param_dtype)
         self.k_norm = RMSNorm(hd, cfg.rms_norm_eps, param_dtype=param_dtype)
 
-    def __call__(self, x: Array, positions: Array, mask: Array) -> Array:
+    def __call__(self, x: Array, positions: Array, segment_ids: Array) -> Array:
         b, t, _ = x.shape
-        k_heads, g, hd = self.num_kv_heads, self.num_heads // self.num_kv_heads, self.head_dim
+        k_heads, hd = self.num_kv_heads, self.head_dim
         q = self.q_norm(self.q_proj(x).reshape(b, t, self.num_heads, hd))
         k = self.k_norm(self.k_proj(x).reshape(b, t, k_heads, hd))
         v = self.v_proj(x).reshape(b, t, k_heads, hd)
@@ -90,14 +94,8 @@ class Attention(nnx.Module):
         v = hooks.constrain(v, ("batch", "seq", "kv_heads", None))
         cos, sin = rope_cos_sin(positions, hd, self.rope_theta)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        # GQA without repeating K/V: group the G query heads that share one K/V head.
-        q = q.reshape(b, t, k_heads, g, hd)
-        scores = jnp.einsum("btkgh,bskh->bkgts", q, k, preferred_element_type=jnp.float32)
-        scores = scores * (hd ** -0.5)
-        scores = jnp.where(mask[:, None, None], scores, jnp.finfo(jnp.float32).min)
-        probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-        out = jnp.einsum("bkgts,bskh->btkgh", probs, v).reshape(b, t, self.num_heads * hd)
-        return self.o_proj(out)
+        out = attention(q, k, v, segment_ids, impl=self.attention_impl)
+        return self.o_proj(out.reshape(b, t, self.num_heads * hd))
 
 
 class MLP(nnx.Module):
@@ -172,33 +170,43 @@ class MoE(nnx.Module):
 
 class DecoderLayer(nnx.Module):
     def __init__(self, cfg: Qwen3Config, layer: int, *, dtype, param_dtype, rngs: nnx.Rngs,
-                 moe_impl: str | None = None):
+                 moe_impl: str | None = None, attention_impl: str | None = None):
         kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, param_dtype=param_dtype)
-        self.self_attn = Attention(cfg, **kw)
+        self.self_attn = Attention(cfg, **kw, attention_impl=attention_impl)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps,
                                                 param_dtype=param_dtype)
         self.mlp = (MoE(cfg, **kw, moe_impl=moe_impl) if cfg.layer_is_sparse(layer)
                     else MLP(cfg.hidden_size, cfg.intermediate_size, **kw))
 
-    def __call__(self, x: Array, positions: Array, mask: Array) -> Array:
-        x = x + self.self_attn(self.input_layernorm(x), positions, mask)
+    def __call__(self, x: Array, positions: Array, segment_ids: Array) -> Array:
+        x = x + self.self_attn(self.input_layernorm(x), positions, segment_ids)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
 class Qwen3(nnx.Module):
-    """Qwen3 / Qwen3-MoE causal LM. ``model(input_ids)`` returns logits ``[B, T, V]`` (fp32)."""
+    """Qwen3 / Qwen3-MoE causal LM. ``model(input_ids)`` returns logits ``[B, T, V]`` (fp32).
+
+    ``dtype`` is the compute dtype, ``param_dtype`` the stored one (bf16 compute over fp32
+    parameters: ``dtype=bfloat16, param_dtype=float32``). ``attention_impl`` names an
+    ``attention.IMPLS`` entry (``None``/``"auto"``: per platform); ``remat`` is ``"none"``,
+    ``"full"`` or a ``jax.checkpoint_policies`` name, applied per decoder layer (``remat.py``).
+    """
 
     def __init__(self, cfg: Qwen3Config, *, dtype=jnp.float32, param_dtype=jnp.float32,
-                 rngs: nnx.Rngs | None = None, moe_impl: str | None = None):
+                 rngs: nnx.Rngs | None = None, moe_impl: str | None = None,
+                 attention_impl: str | None = None, remat: str = "none"):
         rngs = rngs if rngs is not None else nnx.Rngs(0)
         self.config = cfg
         self.dtype = dtype
+        self.remat = remat
+        remat_layer(remat)  # an unknown name fails here, not at the first step
         self.embed_tokens = nnx.Embed(cfg.vocab_size, cfg.hidden_size, dtype=dtype,
                                       param_dtype=param_dtype,
                                       embedding_init=nnx.initializers.normal(0.02), rngs=rngs)
         self.layers = nnx.List([
-            DecoderLayer(cfg, i, dtype=dtype, param_dtype=param_dtype, rngs=rngs, moe_impl=moe_impl)
+            DecoderLayer(cfg, i, dtype=dtype, param_dtype=param_dtype, rngs=rngs, moe_impl=moe_impl,
+                         attention_impl=attention_impl)
             for i in range(cfg.num_hidden_layers)
         ])
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, param_dtype=param_dtype)
@@ -220,14 +228,11 @@ class Qwen3(nnx.Module):
             segment_ids = jnp.ones((b, t), jnp.int32)
         if positions is None:
             positions = segment_positions(segment_ids)
-        idx = jnp.arange(t)
-        causal = idx[None, :, None] >= idx[None, None, :]
-        same = segment_ids[:, :, None] == segment_ids[:, None, :]
-        # A padding query (segment 0) still attends to itself so its softmax row is finite.
-        mask = (causal & same & (segment_ids[:, None, :] != 0)) | (idx[:, None] == idx[None, :])
+        call_layer = remat_layer(self.remat)
         x = hooks.constrain(self.embed_tokens(input_ids), ("batch", "seq", "act_embed"))
         for layer in self.layers:
-            x = hooks.constrain(layer(x, positions, mask), ("batch", "seq", "act_embed"))
+            x = hooks.constrain(call_layer(layer, x, positions, segment_ids),
+                                ("batch", "seq", "act_embed"))
         return self.norm(x)
 
     def __call__(self, input_ids: Array, *, positions: Array | None = None,

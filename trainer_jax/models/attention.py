@@ -1,0 +1,152 @@
+"""Causal grouped-query attention on packed rows: one API, interchangeable implementations.
+
+``attention(q [B, T, H, hd], k [B, T, K, hd], v [B, T, K, hd], segment_ids [B, T], impl=...)``
+returns ``[B, T, H, hd]`` in ``q.dtype``, scaled by ``hd ** -0.5``; query head ``h`` uses K/V head
+``h // (H // K)``. Query ``i`` sees key ``j`` when ``j <= i`` and both carry the same non-zero
+segment id (``visible``). Segment 0 is padding: the outputs there are finite but otherwise
+unspecified (``reference`` and ``blocked`` let a padding query see only itself, the fused kernels
+let it see earlier padding), and nothing at a padding position reaches any other segment.
+Segments must be contiguous runs along T, which is what packing produces.
+
+Implementations (``IMPLS``; each tested against ``reference``):
+
+- ``reference``: the plain ``[B, H, T, T]`` score matrix. The oracle; on CPU also the fastest at
+  short rows, where the score matrix is small.
+- ``blocked``: flash-style online softmax over key blocks in XLA (``blocked.py``), with a custom
+  VJP that recomputes scores block by block, so memory is O(T * block) per head instead of
+  O(T^2). Blocks no query of a block can see (above the diagonal, or before the earliest segment
+  start in the block) are skipped, so packed rows of short sequences cost little.
+- ``pallas_gpu``: the Pallas (Triton) flash attention of ``jax.experimental.pallas.ops.gpu``, with
+  segment ids; K/V heads repeated to H.
+- ``splash``: TPU splash attention (``jax.experimental.pallas.ops.tpu.splash_attention``) with a
+  causal mask and segment ids; native GQA.
+
+``impl=None`` or ``"auto"`` picks per platform (``default_impl``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Literal
+
+import jax
+import jax.numpy as jnp
+
+from trainer_jax.models.blocked_attention import attention_blocked, visible
+
+Array = jax.Array
+AttentionImpl = Literal["auto", "reference", "blocked", "pallas_gpu", "splash"]
+
+# On CPU the dense score matrix wins while it is small; past this many key positions the
+# blocked form's causal skipping and cache-sized tiles win (and its memory stays bounded).
+CPU_DENSE_MAX_T = 1024
+
+
+def default_impl(seq_len: int, platform: str | None = None) -> str:
+    """The implementation ``auto`` resolves to for rows of ``seq_len`` on ``platform``."""
+    platform = platform or jax.default_backend()
+    if platform == "gpu" or platform == "cuda":
+        return "pallas_gpu"
+    if platform == "tpu":
+        return "splash"
+    return "reference" if seq_len <= CPU_DENSE_MAX_T else "blocked"
+
+
+def attention_reference(q: Array, k: Array, v: Array, segment_ids: Array) -> Array:
+    """Plain attention: every score of every head, masked, softmax in fp32."""
+    b, t, h, hd = q.shape
+    g = h // k.shape[2]
+    # Head-major layout: one [T, hd] x [hd, T] matmul per (row, head) batches well on XLA:CPU,
+    # unlike the grouped "btkgh,bskh" contraction, which XLA:CPU runs several times slower.
+    qh = q.transpose(0, 2, 1, 3)
+    kh = jnp.repeat(k, g, axis=2).transpose(0, 2, 1, 3)
+    vh = jnp.repeat(v, g, axis=2).transpose(0, 2, 1, 3)
+    scores = jnp.einsum("bhtd,bhsd->bhts", qh, kh, preferred_element_type=jnp.float32)
+    idx = jnp.arange(t)
+    mask = visible(idx[:, None], idx[None, :], segment_ids[:, :, None], segment_ids[:, None, :])
+    scores = jnp.where(mask[:, None], scores * (hd ** -0.5), jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    out = jnp.einsum("bhts,bhsd->bhtd", probs, vh, preferred_element_type=jnp.float32)
+    return out.transpose(0, 2, 1, 3).astype(q.dtype)
+
+
+def _pad_time(x: Array, multiple: int) -> Array:
+    pad = -x.shape[1] % multiple
+    return x if pad == 0 else jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2))
+
+
+def attention_pallas_gpu(q: Array, k: Array, v: Array, segment_ids: Array, *,
+                         interpret: bool = False, block: int = 128) -> Array:
+    """Pallas flash attention for GPUs (Triton); ``interpret=True`` runs it on CPU for tests."""
+    from jax.experimental.pallas.ops.gpu import attention as pallas_attention
+
+    b, t, h, hd = q.shape
+    g = h // k.shape[2]
+    block = min(block, 1 << max(t - 1, 0).bit_length())  # a power of two, as Triton needs
+    sizes = pallas_attention.BlockSizes(block_q=block, block_k=block, block_q_dkv=block,
+                                        block_kv_dkv=block, block_q_dq=block, block_kv_dq=block)
+    # Padded positions get segment 0: the kernel lets them see only other padding.
+    out = pallas_attention.mha(
+        _pad_time(q, block), _pad_time(jnp.repeat(k, g, axis=2), block),
+        _pad_time(jnp.repeat(v, g, axis=2), block), _pad_time(segment_ids, block),
+        sm_scale=hd ** -0.5, causal=True, block_sizes=sizes, interpret=interpret)
+    return out[:, :t]
+
+
+def attention_splash(q: Array, k: Array, v: Array, segment_ids: Array, *,
+                     interpret: bool = False, block: int = 128) -> Array:
+    """TPU splash attention with a causal mask and segment ids, vmapped over rows."""
+    from jax.experimental.pallas.ops.tpu.splash_attention import (
+        splash_attention_kernel as splash,
+    )
+    from jax.experimental.pallas.ops.tpu.splash_attention import (
+        splash_attention_mask as splash_mask,
+    )
+
+    b, t, h, hd = q.shape
+    tp = t + (-t % block)
+    mask = splash_mask.MultiHeadMask([splash_mask.CausalMask((tp, tp)) for _ in range(h)])
+    sizes = splash.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block,
+                              block_q_dkv=block, block_kv_dkv=block, block_kv_dkv_compute=block,
+                              block_q_dq=block, block_kv_dq=block)
+    kernel = splash.make_splash_mha_single_device(mask, block_sizes=sizes, interpret=interpret)
+    # Splash takes no softmax scale: fold it into q. Layout per row: [heads, T, hd].
+    qs = _pad_time(q * jnp.asarray(hd ** -0.5, q.dtype), block).transpose(0, 2, 1, 3)
+    ks = _pad_time(k, block).transpose(0, 2, 1, 3)
+    vs = _pad_time(v, block).transpose(0, 2, 1, 3)
+    seg = _pad_time(segment_ids, block)
+
+    def one_row(qr, kr, vr, sr):
+        return kernel(qr, kr, vr, segment_ids=splash.SegmentIds(q=sr, kv=sr))
+
+    out = jax.vmap(one_row)(qs, ks, vs, seg)
+    return out.transpose(0, 2, 1, 3)[:, :t].astype(q.dtype)
+
+
+IMPLS: dict[str, Callable[..., Array]] = {
+    "reference": attention_reference,
+    "blocked": attention_blocked,
+    "pallas_gpu": attention_pallas_gpu,
+    "splash": attention_splash,
+}
+
+
+def attention(q: Array, k: Array, v: Array, segment_ids: Array, *, impl: str | None = None,
+              **options) -> Array:
+    """Causal GQA attention on packed rows (module docstring); ``options`` go to the impl."""
+    if q.ndim != 4 or k.shape != v.shape or k.shape[:2] != q.shape[:2] or k.shape[3] != q.shape[3]:
+        raise ValueError(f"expected q [B,T,H,hd], k = v [B,T,K,hd]; got {q.shape}, {k.shape}, "
+                         f"{v.shape}")
+    if q.shape[2] % k.shape[2]:
+        raise ValueError(f"{q.shape[2]} query heads are not a multiple of {k.shape[2]} K/V heads")
+    if segment_ids.shape != q.shape[:2]:
+        raise ValueError(f"segment_ids {segment_ids.shape} must be [B, T] = {q.shape[:2]}")
+    if impl is None or impl == "auto":
+        impl = default_impl(q.shape[1])
+    if impl not in IMPLS:
+        raise ValueError(f"attention impl {impl!r}: expected 'auto' or one of {sorted(IMPLS)}")
+    return IMPLS[impl](q, k, v, jnp.asarray(segment_ids, jnp.int32), **options)
+
+
+__all__ = ["CPU_DENSE_MAX_T", "IMPLS", "AttentionImpl", "attention", "attention_reference",
+           "default_impl", "visible"]

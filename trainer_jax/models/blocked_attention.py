@@ -1,0 +1,162 @@
+"""Blocked (flash-style) causal GQA attention in plain XLA, with a block-recomputing VJP.
+
+The forward walks query blocks; for each it runs an online softmax over the key blocks the block
+can see, keeping a running max ``m``, normaliser ``norm`` and fp32 accumulator, and saves only the
+output and the log-sum-exp per query. The backward walks key blocks, recomputes each block's
+probabilities from the saved log-sum-exp and accumulates dq, dk, dv. Neither pass holds more than
+one ``[block, block]`` score tile per (row, head).
+
+Visible key blocks of query block ``i``: from the block of the earliest segment start among the
+block's first queries (over rows) to ``i`` (causal). Query blocks that may see key block ``j``:
+from ``j`` to the block of the latest segment end among key block ``j``'s last keys. Both bounds
+rely on segments being contiguous runs; ``visible`` masks exactly inside the walked blocks.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+Array = jax.Array
+_NEG = float(jnp.finfo(jnp.float32).min)
+
+
+def visible(q_idx: Array, k_idx: Array, q_seg: Array, k_seg: Array) -> Array:
+    """Query ``q_idx`` sees key ``k_idx``: causal, same non-zero segment, or itself (padding)."""
+    return ((k_idx <= q_idx) & (q_seg == k_seg) & (k_seg != 0)) | (q_idx == k_idx)
+
+
+def _run_bounds(segment_ids: Array) -> tuple[Array, Array]:
+    """First and last index of the run of equal segment ids containing each position."""
+    t = segment_ids.shape[1]
+    idx = jnp.arange(t)
+    starts = jnp.concatenate([jnp.ones_like(segment_ids[:, :1], bool),
+                              segment_ids[:, 1:] != segment_ids[:, :-1]], axis=1)
+    ends = jnp.concatenate([segment_ids[:, 1:] != segment_ids[:, :-1],
+                            jnp.ones_like(segment_ids[:, :1], bool)], axis=1)
+    first = jax.lax.cummax(jnp.where(starts, idx, 0), axis=1)
+    last = jax.lax.cummin(jnp.where(ends, idx, t - 1), axis=1, reverse=True)
+    return first, last
+
+
+def _tile_scores(qi, kj, seg_q, seg_k, q0, k0, scale):
+    """Masked fp32 scores ``[B, K, G*bq, bk]`` of query tile ``qi [B, K, G, bq, hd]``."""
+    b, kh, g, bq, hd = qi.shape
+    s = jnp.einsum("bkgqd,bksd->bkgqs", qi, kj, preferred_element_type=jnp.float32) * scale
+    qidx = q0 + jnp.arange(bq)
+    kidx = k0 + jnp.arange(kj.shape[2])
+    mask = visible(qidx[None, :, None], kidx[None, None, :], seg_q[:, :, None], seg_k[:, None, :])
+    return jnp.where(mask[:, None, None], s, _NEG)
+
+
+def _slice_t(x: Array, start, size: int, axis: int) -> Array:
+    return jax.lax.dynamic_slice_in_dim(x, start, size, axis=axis)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _flash(q, k, v, seg, block):
+    return _flash_fwd(q, k, v, seg, block)[0]
+
+
+def _flash_fwd(q, k, v, seg, block):
+    """``q [B, K, G, Tp, hd]``, ``k, v [B, K, Tp, hd]``, ``seg [B, Tp]``; Tp a multiple of block."""
+    b, kh, g, tp, hd = q.shape
+    nb = tp // block
+    scale = hd ** -0.5
+    first, _ = _run_bounds(seg)
+    lo_blocks = jnp.min(first[:, ::block], axis=0) // block  # [nb]
+
+    def query_block(_, xs):
+        i, lo = xs
+        qi = _slice_t(q, i * block, block, 3)
+        seg_q = _slice_t(seg, i * block, block, 1)
+
+        def key_block(j, carry):
+            m, norm, acc = carry
+            kj, vj = _slice_t(k, j * block, block, 2), _slice_t(v, j * block, block, 2)
+            s = _tile_scores(qi, kj, seg_q, _slice_t(seg, j * block, block, 1),
+                             i * block, j * block, scale)
+            m_new = jnp.maximum(m, jnp.max(s, axis=-1))
+            p = jnp.exp(s - m_new[..., None])
+            # Rows with nothing visible yet carry junk (exp(0) of masked scores); every query
+            # sees itself in the diagonal block, walked last, where exp(m - m_new) zeroes it.
+            corr = jnp.exp(m - m_new)
+            norm = norm * corr + jnp.sum(p, axis=-1)
+            pv = jnp.einsum("bkgqs,bksd->bkgqd", p.astype(v.dtype), vj,
+                            preferred_element_type=jnp.float32)
+            return m_new, norm, acc * corr[..., None] + pv
+
+        init = (jnp.full((b, kh, g, block), _NEG, jnp.float32),
+                jnp.zeros((b, kh, g, block), jnp.float32),
+                jnp.zeros((b, kh, g, block, hd), jnp.float32))
+        m, norm, acc = jax.lax.fori_loop(lo, i + 1, key_block, init)
+        return None, ((acc / norm[..., None]).astype(q.dtype), m + jnp.log(norm))
+
+    _, (out, lse) = jax.lax.scan(query_block, None, (jnp.arange(nb), lo_blocks))
+    # [nb, B, K, G, block, ...] -> [B, K, G, Tp, ...]
+    out = jnp.moveaxis(out, 0, 3).reshape(b, kh, g, tp, hd)
+    lse = jnp.moveaxis(lse, 0, 3).reshape(b, kh, g, tp)
+    return out, (q, k, v, seg, out, lse)
+
+
+def _flash_bwd(block, res, dout):
+    q, k, v, seg, out, lse = res
+    b, kh, g, tp, hd = q.shape
+    nb = tp // block
+    scale = hd ** -0.5
+    _, last = _run_bounds(seg)
+    hi_blocks = jnp.max(last[:, block - 1::block], axis=0) // block + 1  # [nb], exclusive
+    delta = jnp.sum(dout.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)  # [B,K,G,Tp]
+
+    def key_block(dq, xs):
+        j, hi = xs
+        kj, vj = _slice_t(k, j * block, block, 2), _slice_t(v, j * block, block, 2)
+        seg_k = _slice_t(seg, j * block, block, 1)
+
+        def query_block(i, carry):
+            dq, dk, dv = carry
+            qi = _slice_t(q, i * block, block, 3)
+            doi = _slice_t(dout, i * block, block, 3)
+            s = _tile_scores(qi, kj, _slice_t(seg, i * block, block, 1), seg_k,
+                             i * block, j * block, scale)
+            p = jnp.exp(s - _slice_t(lse, i * block, block, 3)[..., None])
+            dv = dv + jnp.einsum("bkgqs,bkgqd->bksd", p.astype(doi.dtype), doi,
+                                 preferred_element_type=jnp.float32)
+            dp = jnp.einsum("bkgqd,bksd->bkgqs", doi, vj, preferred_element_type=jnp.float32)
+            ds = (p * (dp - _slice_t(delta, i * block, block, 3)[..., None]) * scale).astype(q.dtype)
+            dk = dk + jnp.einsum("bkgqs,bkgqd->bksd", ds, qi, preferred_element_type=jnp.float32)
+            dqi = _slice_t(dq, i * block, block, 3) + jnp.einsum(
+                "bkgqs,bksd->bkgqd", ds, kj, preferred_element_type=jnp.float32)
+            return jax.lax.dynamic_update_slice_in_dim(dq, dqi, i * block, axis=3), dk, dv
+
+        zeros = jnp.zeros((b, kh, block, hd), jnp.float32)
+        dq, dk, dv = jax.lax.fori_loop(j, hi, query_block, (dq, zeros, zeros))
+        return dq, (dk, dv)
+
+    dq, (dk, dv) = jax.lax.scan(key_block, jnp.zeros(q.shape, jnp.float32),
+                                (jnp.arange(nb), hi_blocks))
+    dk = jnp.moveaxis(dk, 0, 2).reshape(b, kh, tp, hd)
+    dv = jnp.moveaxis(dv, 0, 2).reshape(b, kh, tp, hd)
+    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None
+
+
+_flash.defvjp(_flash_fwd, _flash_bwd)
+
+
+def attention_blocked(q: Array, k: Array, v: Array, segment_ids: Array, *,
+                      block: int = 128) -> Array:
+    """Blocked causal GQA attention (module docstring); same contract as ``attention``."""
+    b, t, h, hd = q.shape
+    kh = k.shape[2]
+    block = min(block, t)
+    pad = -t % block
+    # Padded positions are segment 0: each sees only itself and is cut off at the end.
+    padt = [(0, 0), (0, pad), (0, 0), (0, 0)]
+    qb = jnp.pad(q, padt).reshape(b, t + pad, kh, h // kh, hd).transpose(0, 2, 3, 1, 4)
+    kb = jnp.pad(k, padt).transpose(0, 2, 1, 3)
+    vb = jnp.pad(v, padt).transpose(0, 2, 1, 3)
+    seg = jnp.pad(segment_ids, [(0, 0), (0, pad)])
+    out = _flash(qb, kb, vb, seg, block)  # [B, K, G, Tp, hd]
+    return out.transpose(0, 3, 1, 2, 4).reshape(b, t + pad, h, hd)[:, :t]
