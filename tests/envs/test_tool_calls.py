@@ -65,3 +65,31 @@ def test_turn_stats_counts_the_collapse_signatures(model_dir):
         mask += [1] * len(reply) + [0, 0]
     stats = turn_stats(env.chat, np.asarray(ids), np.asarray(mask))
     assert stats == {"turns": 4, "malformed_calls": 1, "empty_replies": 1, "toolless_turns": 1}
+
+
+def test_task_source_reports_tool_turn_shares_per_group(model_dir):
+    from types import SimpleNamespace
+
+    from trainer_jax.config import MixEntry
+    from trainer_jax.service.tasks import EnvTaskSource
+
+    tok = load_tokenizer(model_dir)
+    src = EnvTaskSource([MixEntry(env="shell", options={"allow_unisolated": True})], tokenizer=tok)
+    spec = src.spec(0)
+    chat, stop = spec.private[1].chat, tok.token_to_id("<|im_end|>")
+
+    def episode(*turns):
+        ids, mask = list(spec.prompt_ids), [0] * len(spec.prompt_ids)
+        for text in turns:
+            reply = chat.encode(text) + [stop]
+            ids, mask = ids + reply + [4], mask + [1] * len(reply) + [0]
+        return np.asarray(ids), np.asarray(mask)
+
+    trajs = []
+    for i, (group, turns) in enumerate([("bf16", [_call("shell", command="ls"), "<tool_call>{</tool_call>"]),
+                                        ("fp8", ["", "", ""])]):
+        ids, mask = episode(*turns)
+        trajs.append(SimpleNamespace(task_id=0, sample_index=i, group=group, token_ids=ids, loss_mask=mask))
+    m = src.metrics([SimpleNamespace(task=spec, trajectories=trajs)])
+    assert m["group/bf16/tool_malformed"] == 0.5 and m["group/bf16/tool_empty"] == 0.0
+    assert m["group/fp8/tool_empty"] == 1.0 and m["tool/empty"] == 3 / 5 and m["tool/toolless"] == 0.0
