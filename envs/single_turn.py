@@ -31,6 +31,12 @@ class SingleTurnEnv(Environment):
 
     single_turn = True
 
+    def __init__(self, tokenizer, difficulty: int = 1):
+        super().__init__(tokenizer, difficulty)
+        if self.bos is None or self.eos is None:
+            raise ValueError(f"{self.name}: needs a tokenizer with <bos> and <eos> (the character "
+                             "tokenizer); with a model's own tokenizer use env: dataset")
+
     def _problem(self, payload: dict) -> tuple[str, str]:
         raise NotImplementedError
 

@@ -106,7 +106,7 @@ def test_reward_failures_counted_per_group_with_user_metrics(rows):
         src.close()
 
 
-def test_bad_dataset_options_fail_at_config_load(rows, tmp_path):
+def test_bad_dataset_options_fail_at_config_load(rows, tmp_path, model_dir):
     def load(**options):
         entry = json.dumps({"env": "dataset", "options": options})
         return load_config(None, ["tasks.env=mix", f"tasks.mix=[{entry}]"])
@@ -121,6 +121,8 @@ def test_bad_dataset_options_fail_at_config_load(rows, tmp_path):
                              ({"path": str(rows), "reward_timeout_s": "soon"}, "reward_timeout_s must be")]:
         with pytest.raises(ConfigError, match=message):
             load(**options)
+    with pytest.raises(ValueError, match="arithmetic: needs a tokenizer with <bos> and <eos>"):
+        make_env("arithmetic", load_tokenizer(model_dir))
     with pytest.raises(ValueError, match="no column 'prompt'"):
         make_env("dataset", char_tokenizer(), path=str(rows))
     with pytest.raises(ValueError, match="cannot be loaded: ModuleNotFoundError: No module named 'no_such'"):
