@@ -32,7 +32,12 @@ from trainer_jax.objective import Metrics, ObjectiveConfig, TokenBatch, policy_l
 from trainer_jax.parallel.context import ParallelContext
 from trainer_jax.parallel.mesh import make_mesh
 from trainer_jax.parallel.rules import ShardingRules
-from trainer_jax.parallel.sharding import init_sharded_model, shard_batch, shard_model
+from trainer_jax.parallel.sharding import (
+    init_sharded_model,
+    leading_axis_shardings,
+    shard_batch,
+    shard_model,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,10 +89,17 @@ def policy_hidden(model: Qwen3, inputs: PackedInputs, micro_rows: int | None = N
     return hidden[inputs.token_rows, inputs.token_cols]
 
 
+def lm_head(model: Qwen3, dtype: Any) -> jax.Array:
+    """The LM head in the compute dtype (``model.dtype: bfloat16`` keeps fp32 parameters; the
+    kernel takes h and W in one dtype, and the cast's gradient lands on the fp32 parameter)."""
+    return model.lm_head_weight().astype(dtype)
+
+
 def loss_and_metrics(model: Qwen3, inputs: PackedInputs, batch: TokenBatch, objective: ObjectiveConfig,
                      micro_rows: int | None = None) -> tuple[jax.Array, Metrics]:
     """The objective of a packed batch under ``model`` (no mesh constraints: analysis, tests)."""
-    return policy_loss(policy_hidden(model, inputs, micro_rows), model.lm_head_weight(), batch, objective)
+    hidden = policy_hidden(model, inputs, micro_rows)
+    return policy_loss(hidden, lm_head(model, hidden.dtype), batch, objective)
 
 
 def sharded_optimizer(model: nnx.Module, tx: optax.GradientTransformation, mesh: Mesh,
@@ -119,20 +131,48 @@ class Learner:
                  mesh: Mesh | None = None, rules: ShardingRules | None = None, *, donate: bool = True,
                  expert_parallel: bool = True, vocab_parallel: bool = True, micro_rows: int | None = None):
         mesh = mesh if mesh is not None else make_mesh(devices=jax.devices()[:1])
-        self.mesh = mesh
-        self.micro_rows = micro_rows
-        self.rules = rules if rules is not None else ShardingRules.for_model(model.config)
-        self.objective = objective
-        self.context = ParallelContext(mesh, self.rules, expert_parallel, vocab_parallel)
+        self._configure(mesh, rules if rules is not None else ShardingRules.for_model(model.config),
+                        objective, micro_rows, expert_parallel, vocab_parallel)
         self.model = shard_model(model, mesh, self.rules)
         self.optimizer = sharded_optimizer(self.model, make_optimizer(optimizer), mesh, self.rules)
-        self._graphdef, state = nnx.split((self.model, self.optimizer))
-        self.state_shardings = self.rules.state_shardings(state, mesh)
-        replicated = NamedSharding(mesh, P())
+        self._build(*nnx.split((self.model, self.optimizer)), donate=donate)
+
+    def _configure(self, mesh: Mesh, rules: ShardingRules, objective: ObjectiveConfig,
+                   micro_rows: int | None, expert_parallel: bool, vocab_parallel: bool) -> None:
+        self.mesh, self.rules, self.objective, self.micro_rows = mesh, rules, objective, micro_rows
+        self.context = ParallelContext(mesh, rules, expert_parallel, vocab_parallel)
+
+    def _build(self, graphdef: Any, state: Any, *, donate: bool) -> None:
+        """The jitted step and loss for a (model, optimizer) of this structure."""
+        self._graphdef = graphdef
+        self.state_shardings = self.rules.state_shardings(state, self.mesh)
+        replicated = NamedSharding(self.mesh, P())
         self._step = jax.jit(self._step_fn, donate_argnums=(0,) if donate else (),
                              out_shardings=(self.state_shardings, replicated, replicated, replicated))
         self._eval = jax.jit(self._eval_fn, out_shardings=(replicated, replicated))
         self._compiled_steps: dict[Any, jax.stages.Compiled] = {}
+
+    @classmethod
+    def compile_abstract(cls, build_model: Any, optimizer: OptimizerConfig, objective: ObjectiveConfig,
+                         mesh: Mesh, rules: ShardingRules, inputs: PackedInputs, batch: TokenBatch, *,
+                         micro_rows: int | None = None, expert_parallel: bool = True,
+                         vocab_parallel: bool = True) -> jax.stages.Compiled:
+        """The step compiled for a policy that is never allocated: ``build_model()`` runs under
+        ``nnx.eval_shape``, so XLA's memory analysis is available at sizes that do not fit here."""
+        self = object.__new__(cls)
+        self._configure(mesh, rules, objective, micro_rows, expert_parallel, vocab_parallel)
+        tx = make_optimizer(optimizer)
+
+        def build():
+            model = build_model()
+            return model, nnx.Optimizer(model, tx, wrt=nnx.Param)
+
+        graphdef, state = nnx.split(nnx.eval_shape(build))
+        self._build(graphdef, state, donate=True)
+        spec = lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s)
+        state = jax.tree.map(spec, state, self.state_shardings)
+        placed = [jax.tree.map(spec, t, leading_axis_shardings(t, mesh, rules)) for t in (inputs, batch)]
+        return self._step.lower(state, *placed).compile()
 
     @classmethod
     def create(cls, model_config: Any, optimizer: OptimizerConfig, objective: ObjectiveConfig,
@@ -148,7 +188,7 @@ class Learner:
 
     def _loss(self, model: nnx.Module, inputs: PackedInputs, batch: TokenBatch) -> tuple[jax.Array, Metrics]:
         hidden = self.context.constrain(policy_hidden(model, inputs, self.micro_rows), ("batch", "act_embed"))
-        return policy_loss(hidden, model.lm_head_weight(), batch, self.objective)
+        return policy_loss(hidden, lm_head(model, hidden.dtype), batch, self.objective)
 
     def _step_fn(self, state: Any, inputs: PackedInputs, batch: TokenBatch):
         with self.context.use():

@@ -43,6 +43,9 @@ def build_policy(cfg: RunConfig, vocab_size: int, special_ids: dict[str, int] | 
     rules = ShardingRules.for_model(qcfg, cfg.mesh.rules)
     dtype = DTYPES[cfg.model.dtype]
     if cfg.model.hf_dir:
-        return load_hf_sharded(cfg.model.hf_dir, mesh, rules, dtype=dtype, param_dtype=jnp.float32)
-    return init_sharded_model(qcfg, mesh, rules, seed=cfg.model.seed, dtype=dtype,
-                              param_dtype=jnp.float32), qcfg
+        model, qcfg = load_hf_sharded(cfg.model.hf_dir, mesh, rules, dtype=dtype, param_dtype=jnp.float32)
+    else:
+        model = init_sharded_model(qcfg, mesh, rules, seed=cfg.model.seed, dtype=dtype,
+                                   param_dtype=jnp.float32)
+    model.remat = cfg.train.remat  # read when the step is traced (trainer_jax.models.remat)
+    return model, qcfg

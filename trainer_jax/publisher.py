@@ -37,11 +37,12 @@ class Publisher:
 
     def __init__(self, out_root: Path | str, config: dict, formats: Callable[[], list[str]],
                  tokenizer_dir: Path, keep_last: int, on_published: Callable[[int, dict[str, Path]], None], *,
-                 delta: bool = False, full_every: int = 10):
+                 delta: bool = False, full_every: int = 10, engines: Callable[[], str] = lambda: "serving"):
         self.store = open_store(out_root)
         self.out_root, self.config, self.formats = out_root, config, formats
         self.tokenizer_dir, self.keep_last, self.on_published = tokenizer_dir, keep_last, on_published
         self.delta, self.full_every = delta, full_every
+        self.engines = engines  # which loaders the exports must suit (convert.export_hf ``engines``)
         # An object store's versions are staged locally; the full exports kept there are the
         # next deltas' bases and the directories samplers start from.
         self.cache_dir = None if self.store.local is not None else default_cache_dir(self.store)
@@ -63,7 +64,7 @@ class Publisher:
         paths = publish(tensors, self.config, self.out_root, version, self.formats(),
                         keep_last=self.keep_last, tokenizer_dir=self.tokenizer_dir,
                         delta=self.delta or remote, full_every=full_every, cache_dir=self.cache_dir,
-                        report=report)
+                        report=report, engines=self.engines())
         self.published.append(version)
         self.reports.append((version, report))
         self.on_published(version, paths)

@@ -27,6 +27,7 @@ import numpy as np
 from rich.console import Console
 
 from convert.tokenizer import char_tokenizer, load_tokenizer, save_tokenizer_files, special_token_ids
+from mixrl_wire.recipes import BACKENDS
 from trainer_jax.batching import Sample, pack
 from trainer_jax.checkpoint import Checkpointer
 from trainer_jax.config import RunConfig
@@ -168,6 +169,16 @@ class Trainer:
         formats = self.cfg.weight_formats()
         return formats + [f for f in self.service.scheduler.unserved_formats(formats) if f not in formats]
 
+    def export_engines(self) -> str:
+        """``mixrl`` while every sampler is the mixrl engine (it loads any shape), else ``serving``:
+        projections a serving engine's kernels cannot take stay bf16 (``convert.export``). Tiny
+        local models then keep their fp8 groups in fp8; a SGLang/vLLM group that joins switches
+        the next version to serving layouts."""
+        if any(not g.spawn for g in self.cfg.groups):
+            return "serving"
+        backends = {s["recipe"].get("backend", "") for s in self.service.status()["samplers"]}
+        return "mixrl" if backends <= {BACKENDS["engine"], ""} else "serving"
+
     # ------------------------------------------------------------------ evaluation
 
     def evaluate(self, label: str) -> dict[str, float]:
@@ -260,7 +271,8 @@ class Trainer:
         wcfg = cfg.train.weights
         self.publisher = Publisher(wcfg.root or self.run_dir / "weights", self.qcfg.to_hf_dict(),
                                    self.weight_formats, self.tokenizer_dir, cfg.train.keep_versions,
-                                   self._on_published, delta=wcfg.delta, full_every=wcfg.full_every)
+                                   self._on_published, delta=wcfg.delta, full_every=wcfg.full_every,
+                                   engines=self.export_engines)
         version = int(self.meta["version"])
         if self.resume:
             # Past every version ever published here, so no sampler takes the new weights for
@@ -275,8 +287,8 @@ class Trainer:
         if self.sync:
             self.sync.release(version)
         summary = {"run_dir": str(self.run_dir), "formats": self.weight_formats(),
-                   "mesh": {a: int(self.mesh.shape[a]) for a in ("data", "fsdp", "expert", "tensor")},
-                   "devices": int(self.mesh.size)}
+                    "mesh": {a: int(self.mesh.shape[a]) for a in ("data", "fsdp", "expert", "tensor")},
+                    "devices": int(self.mesh.size)}
         history = self.meta["history"]
         try:
             self._start_samplers(paths)
@@ -384,6 +396,13 @@ class Trainer:
 
 
 def train(cfg: RunConfig, *, resume: bool = False, console: Console | None = None) -> dict:
+    from trainer_jax.parallel.distributed import init_distributed
+
+    info = init_distributed(cfg.distributed)  # before anything touches a device
+    if info.process_count > 1:
+        # Every process would start its own rollout service and samplers: refuse clearly.
+        raise RuntimeError(f"mixrl-train runs as one process per job for now, got {info.process_count} "
+                           "JAX processes; train on one host's devices (docs/scale_out.md)")
     return Trainer(cfg, resume=resume, console=console).run()
 
 

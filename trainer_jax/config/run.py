@@ -98,6 +98,8 @@ class TrainConfig(_Strict):
     # Rows per forward/backward pass (None: all rows at once); must divide ``rows``. The step's
     # gradient is the whole batch's either way; this bounds the activation memory.
     micro_rows: int | None = Field(None, gt=0)
+    # Rematerialisation per decoder layer: none | full | a jax.checkpoint_policies name.
+    remat: str = "none"
     max_tokens: int = Field(1024, gt=0)
     support_k: int = Field(64, gt=0)
     episode_tokens: int = Field(160, gt=0)  # token budget of a multi-turn episode
@@ -113,6 +115,13 @@ class TrainConfig(_Strict):
     eval_timeout_s: float = Field(600.0, gt=0)
     # A plain progress line every this many steps when the console is not a terminal (logs).
     log_every: int = Field(10, gt=0)
+
+    @field_validator("remat")
+    @classmethod
+    def _known_remat(cls, v: str) -> str:
+        from trainer_jax.models.remat import remat_options  # JAX, only when a config is validated
+
+        return one_of(v, remat_options(), "remat mode")
 
     @model_validator(mode="after")
     def _micro_rows_divide_rows(self) -> TrainConfig:

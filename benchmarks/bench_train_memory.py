@@ -1,0 +1,115 @@
+"""Per-device memory of one train step at the Qwen3-0.6B shape: remat none vs full, 1 vs 8 devices.
+
+Compile only: the policy is never allocated (``Learner.compile_abstract`` traces it under
+``nnx.eval_shape``), and XLA's memory analysis of the compiled SPMD step gives, per device, the
+temporary memory (activations kept for the backward pass, gradients, kernel scratch) and the
+argument bytes (parameters + AdamW state + the batch's shard). For rows of 4,096 and 16,384
+tokens (4 rows; half of each row's tokens are policy tokens) it compares rematerialisation per
+decoder layer ``none`` vs ``full`` and one device vs a (4 fsdp x 2 tensor) mesh of 8, all in the
+same run. Targets (issue 17): full remat needs >= 4x less temporary memory than none at 16,384
+tokens; per-device parameters + optimizer state on 8 devices <= 1/6 of one device.
+
+    .venv/bin/python benchmarks/bench_train_memory.py [--quick] [--out PATH]
+
+(default PATH: benchmarks/results/bench_train_memory.json; ``--quick``: 2 layers and rows of
+512 tokens, to check the script). The devices are XLA's host-platform fakes, so the figures are
+the CPU backend's; accelerator backends lay out memory differently, the ratios carry over.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+if "jax" in sys.modules:
+    raise RuntimeError("run this as a script: it must set XLA_FLAGS before JAX starts")
+_FLAG = "--xla_force_host_platform_device_count=8"
+os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_FLAG}".strip()
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import platform  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+from convert.qwen3_config import Qwen3Config  # noqa: E402
+from trainer_jax.learner import Learner, OptimizerConfig  # noqa: E402
+from trainer_jax.models import init_model  # noqa: E402
+from trainer_jax.objective import ObjectiveConfig  # noqa: E402
+from trainer_jax.parallel import ShardingRules, make_mesh  # noqa: E402
+from trainer_jax.parallel.check import synthetic_batch  # noqa: E402
+from trainer_jax.parallel.memory import compiled_memory  # noqa: E402
+from trainer_jax.parallel.mesh import describe  # noqa: E402
+
+QWEN3_06B = dict(vocab_size=151_936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+                 num_attention_heads=16, num_key_value_heads=8, head_dim=128, tie_word_embeddings=True)
+MESHES = {"1 device": None, "4 fsdp x 2 tensor": dict(fsdp=4, tensor=2)}
+ROWS = 4
+
+
+def measure(qcfg: Qwen3Config, row_len: int, remat: str, mesh_axes: dict | None) -> dict:
+    mesh = make_mesh(devices=jax.devices()[:1]) if mesh_axes is None else make_mesh(**mesh_axes)
+    rules = ShardingRules.for_model(qcfg)
+    inputs, batch = synthetic_batch(qcfg.vocab_size, rows=ROWS, row_len=row_len,
+                                    max_tokens=ROWS * row_len // 2, head_k=20, support_k=8)
+    t0 = time.perf_counter()
+    compiled = Learner.compile_abstract(
+        lambda: init_model(qcfg, dtype=jnp.bfloat16, param_dtype=jnp.float32, remat=remat),
+        OptimizerConfig(), ObjectiveConfig(), mesh, rules, inputs, batch)
+    memory = compiled_memory(compiled)
+    # The batch's rows are split over the batch axes (replicated over tensor).
+    batch_bytes = sum(x.nbytes for x in jax.tree.leaves((inputs, batch))) // (mesh.size
+                                                                             // mesh.shape["tensor"])
+    return {"row_len": row_len, "remat": remat, "mesh": describe(mesh), "devices": mesh.size,
+            "compile_s": round(time.perf_counter() - t0, 1), "xla": memory,
+            "temp_bytes_per_device": memory["temp_size_bytes"],
+            "state_bytes_per_device": memory["argument_size_bytes"] - batch_bytes}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="2 layers, rows of 512 tokens")
+    p.add_argument("--out", default=str(Path(__file__).parent / "results" / "bench_train_memory.json"))
+    args = p.parse_args(argv)
+    shape = dict(QWEN3_06B, num_hidden_layers=2) if args.quick else QWEN3_06B
+    qcfg = Qwen3Config(**shape)
+    lengths = (256, 512) if args.quick else (4096, 16384)
+    rows = []
+    for row_len in lengths:
+        for remat in ("none", "full"):
+            for name, axes in MESHES.items():
+                r = measure(qcfg, row_len, remat, axes)
+                rows.append(r)
+                print(f"{row_len:>6} tokens  remat={remat:<4}  {name:<18} temp "
+                      f"{r['temp_bytes_per_device'] / 2**20:9.1f} MiB  state "
+                      f"{r['state_bytes_per_device'] / 2**20:9.1f} MiB  (compile {r['compile_s']} s)",
+                      flush=True)
+
+    def pick(row_len, remat, devices):
+        return next(r for r in rows if (r["row_len"], r["remat"], r["devices"]) == (row_len, remat, devices))
+
+    longest = lengths[-1]
+    temp, state = "temp_bytes_per_device", "state_bytes_per_device"
+    remat_ratio = pick(longest, "none", 1)[temp] / pick(longest, "full", 1)[temp]
+    state_ratio = pick(longest, "full", 8)[state] / pick(longest, "full", 1)[state]
+    summary = {
+        "remat_temp_ratio_none_over_full": round(remat_ratio, 2),
+        "remat_target_met": remat_ratio >= 4.0,
+        "state_per_device_8_over_1": round(state_ratio, 4),
+        "state_target_met": state_ratio <= 1 / 6,
+        "row_len": longest,
+    }
+    print(json.dumps(summary, indent=2))
+    result = {"benchmark": "bench_train_memory", "model": shape, "rows": ROWS, "quick": args.quick,
+              "jax": jax.__version__, "machine": platform.machine(), "results": rows, "summary": summary}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
