@@ -190,3 +190,9 @@ def test_evaluation_draws_from_the_held_out_file(rows, tmp_path):
     finally:
         train.close()
         evaluation.close()
+
+
+def test_a_warm_start_over_dataset_tasks_fails_at_load(rows):
+    entry = json.dumps({"env": "dataset", "options": {"path": str(rows), "prompt_key": "question"}})
+    with pytest.raises(ConfigError, match="dataset tasks have no demonstrations"):
+        load_config(None, ["tasks.env=mix", f"tasks.mix=[{entry}]", "sft.steps=5"])

@@ -71,6 +71,13 @@ class RunConfig(_Strict):
             raise ValueError(f"train.eval_group {self.train.eval_group!r} is not a group; groups: {names}")
         return self
 
+    @model_validator(mode="after")
+    def _warm_start_has_demonstrations(self) -> RunConfig:
+        if self.sft.steps > 0 and any(m.env == "dataset" for m in self.tasks.mix_entries()):
+            raise ValueError("sft.steps: dataset tasks have no demonstrations to warm-start on "
+                             "(set sft.steps: 0)")
+        return self
+
     @property
     def eval_group(self) -> str | None:
         """The group that runs evaluations (see ``TrainConfig.eval_group``); None without groups."""
