@@ -1,0 +1,216 @@
+"""The GPU check of issue 17, part by part; ``scripts/device_check.sh`` runs it.
+
+    python scripts/device_check.py jax [--tiny]     # (a) train step, (b) pallas linear log-sum-exp
+    python scripts/device_check.py torch [--tiny]   # (c) torch fp8 _scaled_mm linear vs bf16
+
+Each prints one JSON object. The JAX and torch parts run as separate processes so neither
+framework's allocator holds GPU memory while the other is measured (and the JAX part, like the
+trainer, never imports torch). ``--tiny`` shrinks every shape so the parts run on a CPU in
+seconds (the test suite runs it); its figures mean nothing.
+
+(a) A random Qwen3-0.6B-shape model (hidden 1,024, 28 layers, 16 query / 8 KV heads, head_dim
+128, vocabulary 151,936), bf16 compute over fp32 parameters and AdamW state, full remat, rows of
+4,096 tokens: tokens/s of one train step (forward, backward through the fused LM-head
+log-sum-exp, AdamW update) and model FLOPs utilisation against the GPU's dense bf16 peak. Model
+FLOPs count the useful work once (6 per parameter per token, plus causal attention), never the
+recomputation remat adds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
+
+# Dense bf16 tensor-core peak (TFLOP/s, no sparsity) by device name, for MFU.
+PEAK_BF16_TFLOPS = {"H200": 989.0, "H100 SXM": 989.0, "H100 80GB HBM3": 989.0, "H100 PCIe": 756.0,
+                    "H100": 989.0, "GH200": 989.0, "B200": 2250.0, "A100": 312.0, "L40S": 362.0,
+                    "L4": 121.0, "A10": 125.0}
+
+QWEN3_06B = dict(vocab_size=151_936, hidden_size=1024, intermediate_size=3072,
+                 num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
+                 tie_word_embeddings=True, rope_theta=1_000_000.0)
+TINY = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=16, tie_word_embeddings=True)
+
+
+def peak_tflops(device_name: str) -> float | None:
+    for key in sorted(PEAK_BF16_TFLOPS, key=len, reverse=True):  # most specific name first
+        if key in device_name:
+            return PEAK_BF16_TFLOPS[key]
+    return None
+
+
+def model_flops_per_token(cfg, seq_len: int) -> float:
+    """Forward + backward FLOPs per token: 6 x matmul parameters, plus causal attention."""
+    d, hd, layers = cfg.hidden_size, cfg.head_dim, cfg.num_hidden_layers
+    attn = d * hd * (2 * cfg.num_attention_heads + 2 * cfg.num_key_value_heads)
+    mlp = 3 * d * cfg.intermediate_size
+    matmul_params = layers * (attn + mlp) + d * cfg.vocab_size  # the LM head, tied or not
+    # Scores and probs @ V: 4 * hd FLOPs per (query, key, head) forward, seq_len / 2 keys a query.
+    attention = layers * 3 * 4 * hd * cfg.num_attention_heads * seq_len / 2
+    return 6 * matmul_params + attention
+
+
+def _timed(fn, reps: int) -> list[float]:
+    fn()
+    out = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def train_step_check(tiny: bool, attention_impl: str | None, remat: str) -> dict:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import optax
+    from flax import nnx
+
+    from convert.qwen3_config import Qwen3Config
+    from trainer_jax.kernels.linear_logsumexp import linear_logsumexp
+    from trainer_jax.models import init_model
+
+    cfg = Qwen3Config(**(TINY if tiny else QWEN3_06B))
+    rows, seq = (2, 64) if tiny else (8, 4096)
+    model = init_model(cfg, dtype=jnp.bfloat16, param_dtype=jnp.float32,
+                       attention_impl=attention_impl, remat=remat)
+    optimizer = nnx.Optimizer(model, optax.adamw(1e-5), wrt=nnx.Param)
+    lse_impl = "xla" if jax.default_backend() == "cpu" else "pallas"
+    rng = np.random.default_rng(0)
+    ids = jnp.asarray(rng.integers(0, cfg.vocab_size, (rows, seq)), jnp.int32)
+    # Two sequences per row, so segment masking is exercised as in packed training.
+    seg = jnp.asarray(np.repeat([[1] * (seq // 3) + [2] * (seq - seq // 3)], rows, 0), jnp.int32)
+
+    @nnx.jit
+    def step(model, optimizer, ids, seg):
+        def loss_fn(m):
+            h = m.hidden_states(ids, segment_ids=seg)[:, :-1].reshape(-1, cfg.hidden_size)
+            w = m.lm_head_weight().astype(h.dtype)
+            lse, _ = linear_logsumexp(h, w, temperature=1.0, impl=lse_impl)
+            target = jnp.einsum("nd,dn->n", h, w[:, ids[:, 1:].reshape(-1)],
+                                preferred_element_type=jnp.float32)
+            return jnp.mean(lse - target)
+
+        loss, grads = nnx.value_and_grad(loss_fn)(model)
+        optimizer.update(model, grads)
+        return loss
+
+    t0 = time.perf_counter()
+    first_loss = float(step(model, optimizer, ids, seg))
+    compile_s = time.perf_counter() - t0
+    times = _timed(lambda: float(step(model, optimizer, ids, seg)), 2 if tiny else 5)
+    tokens = rows * seq
+    best, median = min(times), sorted(times)[len(times) // 2]
+    device = jax.devices()[0]
+    name = getattr(device, "device_kind", str(device))
+    peak = peak_tflops(name)
+    flops = model_flops_per_token(cfg, seq) * tokens
+    out = {"model": "tiny" if tiny else "qwen3-0.6b-shape", "rows": rows, "seq_len": seq,
+           "dtype": "bfloat16 compute, float32 params and AdamW state", "remat": remat,
+           "attention_impl": attention_impl or "auto", "lse_impl": lse_impl,
+           "device": name, "first_loss": first_loss, "compile_and_first_step_s": compile_s,
+           "step_s": {"min": best, "median": median, "max": max(times)},
+           "tokens_per_s_median": tokens / median, "model_tflops_per_step": flops / 1e12,
+           "peak_bf16_tflops": peak,
+           "mfu_median": None if peak is None else flops / median / (peak * 1e12)}
+    return out
+
+
+def lse_check(tiny: bool) -> dict:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    # One definition of how the kernel is checked and timed: the kernel package's own helpers.
+    from trainer_jax.kernels.linear_logsumexp.device_check import _grads, _max_rel, _time
+
+    n, d, v = (64, 32, 300) if tiny else (8192, 1024, 151_936)
+    k1, k2, k3 = jax.random.split(jax.random.key(0), 3)
+    h = (jax.random.normal(k1, (n, d)) / np.sqrt(d)).astype(jnp.bfloat16)
+    w = jax.random.normal(k2, (d, v)).astype(jnp.bfloat16)
+    g = jax.random.normal(k3, (n,))
+    with jax.default_matmul_precision("highest"):
+        h32, w32 = h.astype(jnp.float32), w.astype(jnp.float32)
+        (rdh, rdw), (rl, _) = _grads("reference", h32, w32, g, 1.0)(h32, w32)
+    pallas = _grads("pallas", h, w, g, 1.0)
+    (dh, dw), (lse, _) = pallas(h, w)
+    matmul = jax.jit(lambda h, w: jnp.dot(h, w, preferred_element_type=jnp.float32))
+    t_mm, t_pallas = _time(matmul, h, w), _time(pallas, h, w)
+    return {"shape": [n, d, v], "dtype": "bfloat16",
+            "max_rel_err_vs_reference": {"lse": _max_rel(lse, rl), "dh": _max_rel(dh, rdh),
+                                         "dw": _max_rel(dw, rdw)},
+            "matmul_s": t_mm, "pallas_fwd_bwd_s": t_pallas,
+            "pallas_fwd_bwd_over_matmul": t_pallas / t_mm,
+            "note": "fwd+bwd is five matmul-equivalents (1 forward, 2 for dh, 2 for dw)"}
+
+
+def fp8_linear_check(tiny: bool) -> dict:
+    import numpy as np
+    import torch
+
+    from convert.formats import get_codec
+    from sampler_torch.recipes.linear import FP8BlockLinear, native_kernel_available
+
+    cuda = torch.cuda.is_available()
+    dev = "cuda" if cuda else "cpu"
+    tokens, d_in, d_out = (16, 256, 384) if tiny else (8192, 4096, 12288)
+    rng = np.random.default_rng(0)
+    w = (rng.standard_normal((d_out, d_in)) * 0.02).astype(np.float32)
+    native = native_kernel_available("fp8")
+    fp8 = FP8BlockLinear(get_codec("fp8_block").quantize(w), native=native).to(dev)
+    bf16 = torch.nn.Linear(d_in, d_out, bias=False, dtype=torch.bfloat16, device=dev)
+    with torch.no_grad():
+        bf16.weight.copy_(torch.from_numpy(w))
+    x = torch.randn(tokens, d_in, dtype=torch.bfloat16, device=dev)
+
+    def run(mod):
+        def go():
+            with torch.no_grad():
+                y = mod(x)
+            if cuda:
+                torch.cuda.synchronize()
+            return y
+        return go
+
+    y8, y16 = run(fp8)(), run(bf16)()
+    ref = x.double() @ torch.from_numpy(w).to(dev).double().t()
+    rel = lambda y: float((y.double() - ref).abs().max() / ref.abs().max())  # noqa: E731
+    t8, t16 = _timed(run(fp8), 3 if tiny else 20), _timed(run(bf16), 3 if tiny else 20)
+    m8, m16 = sorted(t8)[len(t8) // 2], sorted(t16)[len(t16) // 2]
+    return {"shape": [tokens, d_in, d_out], "device": torch.cuda.get_device_name() if cuda else "cpu",
+            "fp8_kernel": "_scaled_mm" if native else "emulate",
+            "fp8_median_s": m8, "bf16_median_s": m16, "fp8_speedup_over_bf16": m16 / m8,
+            "max_rel_err_vs_fp64": {"fp8": rel(y8), "bf16": rel(y16)}}
+
+
+def _guarded(fn, *args) -> dict:
+    try:
+        return fn(*args)
+    except Exception as e:  # one failing part must not hide the others' figures
+        return {"error": f"{type(e).__name__}: {e}"[:2000]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("part", choices=["jax", "torch"])
+    ap.add_argument("--tiny", action="store_true", help="tiny shapes (a CPU smoke run)")
+    ap.add_argument("--attention", default=None, help="attention impl for (a) (default: auto)")
+    ap.add_argument("--remat", default="full")
+    args = ap.parse_args()
+    if args.part == "jax":
+        report = {"train_step": _guarded(train_step_check, args.tiny, args.attention, args.remat),
+                  "linear_logsumexp": _guarded(lse_check, args.tiny)}
+    else:
+        report = {"fp8_linear": _guarded(fp8_linear_check, args.tiny)}
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main()
