@@ -57,7 +57,10 @@ class LocalSamplers:
         for g in self.groups:
             for i in range(g.processes):
                 cmd = sampler_command(g, i, address=address, model_dir=model_dirs[g.weight_format],
-                                      token_file=token_file, cache_dir=self.run_dir / "sampler_cache",
+                                      token_file=token_file,
+                                      # One cache per process: samplers materializing the same
+                                      # delta version into one directory race and refuse it.
+                                      cache_dir=self.run_dir / "sampler_cache" / f"{g.name}-{i}",
                                       episode_tokens=self.cfg.train.episode_tokens,
                                       exit_with_parent=os.getpid())
                 with open(self.logs / f"{g.name}-{i}.log", "ab") as log:

@@ -1,7 +1,9 @@
 """The ablation sweep: conditions x sampler pools x seeds, one isolated training run per cell.
 
 A sweep file (``configs/ablation.yaml``) names the pools (each a base run config: the mixed pool and
-the homogeneous bf16 pool differ in their ``groups`` list, which overrides cannot express), the
+the homogeneous bf16 pool differ in their ``groups`` list; a pool may also be ``{config: PATH,
+overrides: [...]}``, e.g. a whole ``groups=[...]`` list, or the mismatch dial's ``logit_noise`` in
+each group, as in ``configs/ablation_dial.yaml``), the
 conditions (lists of ``key=value`` overrides of the objective / sampling), the seeds, overrides
 shared by every cell, and a ``quick`` section (a reduced grid for the CI smoke test).
 
@@ -78,6 +80,8 @@ class SweepSpec:
     cell_timeout_s: float = 3600.0
     out: Path = Path("runs/ablation")
     quick: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: per pool, overrides applied after the shared ones (before the condition's)
+    pool_overrides: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
 
     def select(self, *, quick: bool) -> SweepSpec:
         """The full grid, or the ``quick`` subset (its pools/conditions/seeds, extra overrides)."""
@@ -140,10 +144,20 @@ def load_sweep(path: str | os.PathLike) -> SweepSpec:
         raise SweepError(f"{path}: unknown keys {sorted(unknown)}")
     if not tree.get("pools") or not tree.get("conditions"):
         raise SweepError(f"{path}: needs non-empty 'pools' and 'conditions'")
-    pools = {}
+    pools, pool_overrides = {}, {}
     for name, value in tree["pools"].items():
+        if isinstance(value, dict):
+            unknown_keys = set(value) - {"config", "overrides"}
+            if "config" not in value or unknown_keys:
+                raise SweepError(f"{path}: pool {name}: takes 'config' and optional 'overrides', got "
+                                 f"{sorted(value)}")
         cfg = value["config"] if isinstance(value, dict) else value
         pools[str(name)] = _resolve(cfg, path)
+        extra = tuple(str(o) for o in (value.get("overrides") or [] if isinstance(value, dict) else []))
+        bad = [o for o in extra if "=" not in o]
+        if bad:
+            raise SweepError(f"{path}: pool {name}: overrides must be key=value, got {bad}")
+        pool_overrides[str(name)] = extra
     conditions = {}
     for name, value in tree["conditions"].items():
         if isinstance(value, list):
@@ -169,6 +183,7 @@ def load_sweep(path: str | os.PathLike) -> SweepSpec:
         cell_timeout_s=float(tree.get("cell_timeout_s", 3600.0)),
         out=Path(tree.get("out", "runs/ablation")),
         quick=quick,
+        pool_overrides=pool_overrides,
     )
     # Every cell's config must validate before anything runs: a typo fails the sweep up front.
     from trainer_jax.config import ConfigError, load_config
@@ -177,7 +192,7 @@ def load_sweep(path: str | os.PathLike) -> SweepSpec:
         for pool, cfg in sel.pools.items():
             for cond in sel.conditions.values():
                 try:
-                    load_config(cfg, [*sel.overrides, *cond.overrides])
+                    load_config(cfg, [*sel.overrides, *sel.pool_overrides.get(pool, ()), *cond.overrides])
                 except ConfigError as e:
                     raise SweepError(f"{path}: pool {pool} x condition {cond.name}: {e}") from None
     return spec
@@ -192,6 +207,7 @@ def cells(spec: SweepSpec, out: Path) -> list[Cell]:
             for cond in spec.conditions.values():
                 overrides = (
                     *spec.overrides,
+                    *spec.pool_overrides.get(pool, ()),
                     f"run.seed={seed}",
                     f"run.name={pool}-{cond.name}-s{seed}",
                     *cond.overrides,
@@ -311,6 +327,7 @@ def run_sweep(
         "command": command,
         "out": str(out_dir),
         "pools": {k: str(v) for k, v in spec.pools.items()},
+        "pool_overrides": {k: list(spec.pool_overrides.get(k, ())) for k in spec.pools},
         "conditions": {
             k: {"label": c.label, "overrides": list(c.overrides)} for k, c in spec.conditions.items()
         },

@@ -85,3 +85,54 @@ def test_a_group_with_a_token_of_another_version_is_dropped_and_replaced():
 def test_sync_needs_a_publish_every_step():
     with pytest.raises(ConfigError, match="publish_every must be 1"):
         load_config(None, ["train.sync=true", "train.publish_every=2"])
+
+
+# ------------------------------------------------------------------ the sweeps of issue 20
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+
+
+def test_sync_and_dial_sweeps_set_their_pools_by_override(tmp_path):
+    from trainer_jax.sweep import cells, load_sweep
+
+    def config(cell):
+        return load_config(cell.config, [o for o in cell.overrides if not o.startswith("model.hf_dir")])
+
+    sync = load_sweep(ROOT / "configs" / "ablation_sync.yaml")
+    assert list(sync.conditions) == ["grpo", "sc_mis", "sc_mis_topp"]
+    assert list(sync.pools) == ["homogeneous", "mixed", "aggressive"] and sync.seeds == [0, 1]
+    grid = cells(sync, tmp_path)
+    assert len(grid) == 18
+    aggressive = config(next(c for c in grid if c.pool == "aggressive"))
+    assert aggressive.train.sync and aggressive.tasks.mix[0].env == "chain"
+    assert {(g.recipe, g.kv_cache_dtype) for g in aggressive.groups} == {("nvfp4_w4a4", "fp8_e5m2")}
+    assert len(aggressive.groups) == 4
+
+    dial = load_sweep(ROOT / "configs" / "ablation_dial.yaml")
+    grid = cells(dial, tmp_path)
+    assert len(grid) == 16 and list(dial.conditions) == ["grpo", "sc_mis"]
+    sigmas = {c.pool: {g.logit_noise for g in config(c).groups} for c in grid}
+    assert sorted(s for (s,) in sigmas.values()) == [0.1, 0.3, 1.0, 3.0]
+    assert all(config(c).train.sync for c in grid)
+
+
+def test_quick_dial_sweep_runs_sync_mode_end_to_end(tmp_path):
+    """The CI smoke test of the new modes: a warm start and 2 sync steps on `chain` with sigma 1."""
+    import json
+    import subprocess
+
+    out = tmp_path / "runs"
+    proc = subprocess.run([BIN / "mixrl-train", "sweep", str(ROOT / "configs" / "ablation_dial.yaml"),
+                           "--quick", "--out", str(out), "--no-report"],
+                          capture_output=True, text=True, timeout=900, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (cell,) = json.loads((out / "sweep.json").read_text())["cells"]
+    assert cell["ok"], cell.get("log_tail")
+    run = out / "sigma1.0" / "grpo" / "seed0"
+    steps = [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    assert [r["version"] for r in steps] == [0, 1]  # step s trains on version s-1's samples...
+    assert all(r["staleness"] == 0 for r in steps)  # ...and only on them
+    assert all(r["sync/dropped_groups_total"] == 0 for r in steps)
+    assert all(r["k3"] > 0.05 for r in steps)  # the trainer measures the sigma-1 perturbation
