@@ -75,3 +75,11 @@ def test_sigma_travels_in_the_group_recipe_and_registration(tmp_path):
         assert sampler["recipe"]["logit_noise"] == pytest.approx(0.3)
     finally:
         svc.stop(grace=0)
+
+
+def test_server_backends_refuse_the_dial(tmp_path):
+    from sampler_torch.backends import open_backend
+
+    for kind in ("sglang", "vllm"):
+        with pytest.raises(ValueError, match="needs --backend engine"):
+            open_backend(kind, tmp_path, get_recipe("bf16", logit_noise=0.5), server_url="http://127.0.0.1:9")
