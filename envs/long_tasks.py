@@ -62,8 +62,6 @@ class Chain(SingleTurnEnv):
         super().__init__(tokenizer, difficulty)
         if scoring not in SCORINGS:
             raise ValueError(f"chain: scoring {scoring!r}, expected one of {', '.join(SCORINGS)}")
-        if self.bos is None or self.eos is None:
-            raise ValueError("chain: needs a tokenizer with <bos> and <eos> (the character tokenizer)")
         self.scoring = scoring
 
     def sample_task(self, rng: np.random.Generator, task_id: str) -> Task:
