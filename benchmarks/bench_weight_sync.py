@@ -14,7 +14,8 @@ The projection scales the measured bytes per parameter to Qwen3-30B-A3B (30.5 B 
 the stated bandwidth (transfer + apply time), quoted beside Miles' published Qwen3-30B-A3B weight
 sync (2.16 s RDMA / 2.67 s NCCL on H100). JSON goes to benchmarks/results/bench_weight_sync.json.
 
-    .venv/bin/python benchmarks/bench_weight_sync.py                 # Qwen3-0.6B shape, a few min
+    .venv/bin/python benchmarks/bench_weight_sync.py                 # Qwen3-0.6B's shape (~14 GB RSS)
+    .venv/bin/python benchmarks/bench_weight_sync.py --layers 8 --batch 1 --seq 32   # the README's
     .venv/bin/python benchmarks/bench_weight_sync.py --layers 2      # quick look
 """
 
@@ -24,6 +25,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import shutil
 import sys
 import tempfile
@@ -83,8 +85,9 @@ def one_adamw_step(args) -> tuple[dict, dict, object, dict]:
     return v0, v1, cfg, info
 
 
-def dir_bytes(path: Path) -> int:
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+def cpu_seconds() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
 
 
 def main() -> None:
@@ -136,12 +139,12 @@ def main() -> None:
             for p in full_dir.rglob("*"):  # warm the page cache for the baseline read
                 if p.is_file():
                     p.read_bytes()
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), cpu_seconds()
             assert check_manifest(full_dir) == []  # baseline: read + verify the full export
-            read_s = time.perf_counter() - t0
-            t0 = time.perf_counter()
+            read_s, read_cpu = time.perf_counter() - t0, cpu_seconds() - c0
+            t0, c0 = time.perf_counter(), cpu_seconds()
             how = materialize(store, 1, fmt, work / "applied" / fmt, have=(0, v0_dir))
-            apply_s = time.perf_counter() - t0
+            apply_s, apply_cpu = time.perf_counter() - t0, cpu_seconds() - c0
             assert how == "v0 held + 1 delta(s)"
             full_b, delta_b = full_report[fmt]["bytes"], delta_report[fmt]["bytes"]
             scale = QWEN3_30B_A3B_PARAMS / (info["params_m"] * 1e6)  # bytes per parameter kept
@@ -153,6 +156,14 @@ def main() -> None:
                 "target_ratio": TARGET.get(fmt), "meets_target": delta_b / full_b <= TARGET.get(fmt, 1),
                 "sampler_apply_verify_s": round(apply_s, 3), "sampler_read_verify_full_s": round(read_s, 3),
                 "apply_faster_than_full_read": apply_s < read_s,
+                # CPU seconds (all threads): robust to other jobs on the machine, unlike wall time
+                "sampler_apply_verify_cpu_s": round(apply_cpu, 3),
+                "sampler_read_verify_full_cpu_s": round(read_cpu, 3),
+                # at this bandwidth, fetch the full export + verify vs fetch the delta + apply + verify
+                "sampler_total_s_at_bandwidth": {"full": round(full_b / bw + read_s, 3),
+                                                 "delta": round(delta_b / bw + apply_s, 3)},
+                # the link speed below which fetching the delta and applying it wins (wall times)
+                "break_even_gbps": round((full_b - delta_b) * 8 / 1e9 / max(apply_s - read_s, 1e-9), 2),
                 "projection_qwen3_30b_a3b": {
                     "full_gb": round(proj_full_b / 1e9, 2), "delta_gb": round(proj_delta_b / 1e9, 3),
                     "full_transfer_s": round(proj_full_b / bw, 2),
