@@ -23,10 +23,13 @@ writes its own shards, which one host cannot list.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import logging
 import os
 import shutil
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -43,6 +46,24 @@ _TMP_MARK = ".orbax-checkpoint-tmp"
 
 class CheckpointError(RuntimeError):
     """No usable checkpoint, or one could not be written; the message is one line naming it."""
+
+
+class _DropOrbaxErrors(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.levelno >= logging.ERROR and "/orbax/" in record.pathname)
+
+
+@contextlib.contextmanager
+def _orbax_errors_raised_not_logged():
+    """Orbax logs a failed save with its whole traceback before raising it; the failure reaches
+    the user once, as ``CheckpointError``'s line, so the log copy is dropped while saving."""
+    absl = logging.getLogger("absl")
+    quiet = _DropOrbaxErrors()
+    absl.addFilter(quiet)
+    try:
+        yield
+    finally:
+        absl.removeFilter(quiet)
 
 
 def _sha256(path: Path) -> str:
@@ -124,18 +145,31 @@ class Checkpointer:
         """Write step ``step``; raise ``CheckpointError`` (one line) if it cannot be written."""
         state = {"params": nnx.state(model, nnx.Param), "optimizer": nnx.state(optimizer)}
         try:
-            self.manager.save(step, args=ocp.args.Composite(
-                state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)))
-            fault_point("checkpoint")  # tests: the commit is in flight in orbax's thread here
-            self.manager.wait_until_finished()
+            with _orbax_errors_raised_not_logged():
+                self.manager.save(step, args=ocp.args.Composite(
+                    state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)))
+                fault_point("checkpoint")  # tests: the commit is in flight in orbax's thread here
+                self.manager.wait_until_finished()
             if self._single:
                 write_manifest(self.step_dir(step))
         except (OSError, ValueError, RuntimeError) as e:
-            if self._single:  # what orbax left of the failed step is never a checkpoint: clear it
-                for p in self.directory.glob(f"{step}{_TMP_MARK}*"):
-                    shutil.rmtree(p, ignore_errors=True)
+            if self._single:
+                self._clear_failed(step)
             raise CheckpointError(f"checkpoint step {step} in {self.directory} could not be written: "
                                   f"{_one_line(e)}") from e
+
+    def _clear_failed(self, step: int) -> None:
+        """Remove what orbax left of a failed save: never a checkpoint, and it should not look like
+        one. Orbax's other writes of the step may still be landing, so look again a few times."""
+        with contextlib.suppress(Exception):
+            self.manager.wait_until_finished()
+        for _ in range(10):
+            left = list(self.directory.glob(f"{step}{_TMP_MARK}*"))
+            if not left:
+                return
+            for p in left:
+                shutil.rmtree(p, ignore_errors=True)
+            time.sleep(0.2)
 
     def restore(self, model: nnx.Module, optimizer: nnx.Optimizer, step: int | None = None) -> dict[str, Any]:
         """Load ``step`` (default: the newest readable one) into ``model`` and ``optimizer``; return
