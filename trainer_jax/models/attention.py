@@ -10,8 +10,8 @@ Segments must be contiguous runs along T, which is what packing produces.
 
 Implementations (``IMPLS``; each tested against ``reference``):
 
-- ``reference``: the plain ``[B, H, T, T]`` score matrix. The oracle; on CPU also the fastest at
-  short rows, where the score matrix is small.
+- ``reference``: the plain ``[B, H, T, T]`` score matrix. The oracle; on CPU also the ``auto``
+  choice for short rows, where the score matrix is small.
 - ``blocked``: flash-style online softmax over key blocks in XLA (``blocked.py``), with a custom
   VJP that recomputes scores block by block, so memory is O(T * block) per head instead of
   O(T^2). Blocks no query of a block can see (above the diagonal, or before the earliest segment
@@ -37,8 +37,10 @@ from trainer_jax.models.blocked_attention import attention_blocked, visible
 Array = jax.Array
 AttentionImpl = Literal["auto", "reference", "blocked", "pallas_gpu", "splash"]
 
-# On CPU the dense score matrix wins while it is small; past this many key positions the
-# blocked form's causal skipping and cache-sized tiles win (and its memory stays bounded).
+# On CPU the dense score matrix is fastest at the benchmark's rows (T=256, bench_forward.py).
+# It costs 4 T^2 bytes per (row, head) and grows quadratically (4 MiB at 1,024, 4 GiB at
+# 32,768), so longer rows take the blocked form, whose memory is linear in T. The threshold is
+# set by memory; the speed crossover on CPU has not been measured.
 CPU_DENSE_MAX_T = 1024
 
 
