@@ -24,7 +24,6 @@ All state sits behind one lock. Content validation (``validation.py``) runs outs
 from __future__ import annotations
 
 import collections
-import dataclasses
 import secrets
 import threading
 import time
@@ -37,6 +36,7 @@ from mixrl_wire.recipes import WEIGHT_FORMATS
 from trainer_jax.config import ServiceConfig
 from trainer_jax.service.buffer import TrajectoryBuffer, TrajectoryGroup
 from trainer_jax.service.router import Router
+from trainer_jax.service.sessions import Duplicate, Lease, Rejected, Session, TaskState
 from trainer_jax.service.tasks import TaskSource, TaskSpec
 from trainer_jax.service.validation import TrajectoryRecord, ValidationContext
 
@@ -45,64 +45,6 @@ from trainer_jax.service.validation import TrajectoryRecord, ValidationContext
 _MEMORY = 200_000
 _RETRY_MS_BUSY = 200
 _RETRY_MS_EMPTY = 1000
-
-
-class Rejected(Exception):
-    """A call is refused: ``code`` is the gRPC status, ``field`` the offending field."""
-
-    def __init__(self, code: grpc.StatusCode, field: str, reason: str):
-        super().__init__(f"{field}: {reason}" if field else reason)
-        self.code = code
-        self.field = field
-        self.reason = reason
-
-
-class Duplicate(Exception):
-    """The submission repeats a sample this lease already delivered (an idempotent retry)."""
-
-
-@dataclasses.dataclass
-class Session:
-    id: str
-    name: str
-    group: str
-    recipe: dict
-    accelerator: str
-    capacity: int
-    weight_formats: tuple[str, ...]
-    peer: str
-    last_seen: float
-    leases: set[str] = dataclasses.field(default_factory=set)
-    outstanding: int = 0
-    accepted: int = 0
-    duplicates: int = 0
-    rejected: int = 0
-    rejections: collections.Counter = dataclasses.field(default_factory=collections.Counter)
-    weights_version: int = -1
-    weight_failures: int = 0
-    active_samples: int = 0
-    revoked: bool = False
-    expired_unreported: list[str] = dataclasses.field(default_factory=list)
-
-
-@dataclasses.dataclass
-class Lease:
-    id: str
-    session_id: str
-    group: str
-    task_id: int
-    indices: tuple[int, ...]
-    remaining: set[int]
-    deadline: float
-    deadline_unix: float
-    granted: float
-    evaluation: bool = False
-
-
-@dataclasses.dataclass
-class _TaskState:
-    spec: TaskSpec
-    accepted: dict[int, TrajectoryRecord] = dataclasses.field(default_factory=dict)
 
 
 class Scheduler:
@@ -117,7 +59,7 @@ class Scheduler:
         self.lock = threading.RLock()
         self.sessions: dict[str, Session] = {}
         self.leases: dict[str, Lease] = {}
-        self.tasks: dict[int, _TaskState] = {}
+        self.tasks: dict[int, TaskState] = {}
         self.pending: collections.deque[tuple[int, tuple[int, ...]]] = collections.deque()
         self.pending_samples = 0
         self.outstanding = 0  # training samples leased and not yet accepted
@@ -210,7 +152,7 @@ class Scheduler:
                 break
             task_id = self._next_task_id
             self._next_task_id += 1
-            self.tasks[task_id] = _TaskState(spec)
+            self.tasks[task_id] = TaskState(spec)
             indices = tuple(range(spec.group_size))
             if self.cfg.router.pin_groups:
                 self.pending.append((task_id, indices))
@@ -446,7 +388,7 @@ class Scheduler:
                     raise ValueError("add_evaluation takes evaluation tasks (TaskSpec.evaluation=True)")
                 task_id = self._next_task_id
                 self._next_task_id += 1
-                self.tasks[task_id] = _TaskState(spec)
+                self.tasks[task_id] = TaskState(spec)
                 self.eval_pending.append((task_id, tuple(range(spec.group_size))))
                 ids.append(task_id)
             return ids
