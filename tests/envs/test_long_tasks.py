@@ -19,6 +19,7 @@ def test_chain_writes_every_intermediate_result():
 def test_demonstrations_are_long_and_score_one_and_a_wrong_step_scores_zero(difficulty):
     env = make_env("chain", TOK, difficulty=difficulty)
     steps = make_env("chain", TOK, difficulty=difficulty, scoring="steps")
+    prefix = make_env("chain", TOK, difficulty=difficulty, scoring="prefix")
     rng = np.random.default_rng(0)
     lengths = []
     for i in range(30):
@@ -37,6 +38,10 @@ def test_demonstrations_are_long_and_score_one_and_a_wrong_step_scores_zero(diff
         assert steps.score(task, wrong) == pytest.approx((n - 1) / n)
         assert steps.score(task, reply) == 1.0
         assert steps.score(task, reply[:-1]) == 0.0  # no <eos>: cut by the length limit
+        assert prefix.score(task, reply) == 1.0 and prefix.score(task, reply[:-1]) == 0.0
+        assert 0 < prefix.score(task, wrong) < 0.2  # a wrong first step costs everything after it
+        half = reply[: len(reply) // 2] + [env.eos]
+        assert prefix.score(task, half) == pytest.approx((len(reply) // 2) / len(text))
     assert min(lengths) >= 40
 
 
