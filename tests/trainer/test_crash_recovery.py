@@ -65,6 +65,20 @@ def _config(tmp_path: Path, *, external: bool = False, keep_checkpoints: int = 2
     return path, port
 
 
+_STARTED: list[subprocess.Popen] = []
+
+
+@pytest.fixture(autouse=True)
+def _no_frozen_trainer_left():
+    """A failed assertion must not leave a trainer stopped at its fault point (nor its samplers)."""
+    yield
+    while _STARTED:
+        proc = _STARTED.pop()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+
+
 class Trainer:
     """A ``mixrl-train`` process whose output lines are kept with the time they arrived."""
 
@@ -77,6 +91,7 @@ class Trainer:
         self.proc = subprocess.Popen(
             [BIN / "mixrl-train", "--config", cfg, "--run-dir", run_dir, *extra], env=env,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        _STARTED.append(self.proc)
         self.lines: list[tuple[float, str]] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
