@@ -7,7 +7,8 @@ argument bytes (parameters + AdamW state + the batch's shard). For rows of 4,096
 tokens (4 rows; half of each row's tokens are policy tokens) it compares rematerialisation per
 decoder layer ``none`` vs ``full`` and one device vs a (4 fsdp x 2 tensor) mesh of 8, all in the
 same run. Targets (issue 17): full remat needs >= 4x less temporary memory than none at 16,384
-tokens; per-device parameters + optimizer state on 8 devices <= 1/6 of one device.
+tokens; per-device parameters + optimizer state on 8 devices <= 1/6 of one device. The other
+memory knob, ``train.micro_rows`` (rows through the model one at a time), is measured beside them.
 
     .venv/bin/python benchmarks/bench_train_memory.py [--quick] [--out PATH]
 
@@ -51,7 +52,8 @@ MESHES = {"1 device": None, "4 fsdp x 2 tensor": dict(fsdp=4, tensor=2)}
 ROWS = 4
 
 
-def measure(qcfg: Qwen3Config, row_len: int, remat: str, mesh_axes: dict | None) -> dict:
+def measure(qcfg: Qwen3Config, row_len: int, remat: str, mesh_axes: dict | None,
+            micro_rows: int | None = None) -> dict:
     mesh = make_mesh(devices=jax.devices()[:1]) if mesh_axes is None else make_mesh(**mesh_axes)
     rules = ShardingRules.for_model(qcfg)
     inputs, batch = synthetic_batch(qcfg.vocab_size, rows=ROWS, row_len=row_len,
@@ -59,12 +61,13 @@ def measure(qcfg: Qwen3Config, row_len: int, remat: str, mesh_axes: dict | None)
     t0 = time.perf_counter()
     compiled = Learner.compile_abstract(
         lambda: init_model(qcfg, dtype=jnp.bfloat16, param_dtype=jnp.float32, remat=remat),
-        OptimizerConfig(), ObjectiveConfig(), mesh, rules, inputs, batch)
+        OptimizerConfig(), ObjectiveConfig(), mesh, rules, inputs, batch, micro_rows=micro_rows)
     memory = compiled_memory(compiled)
     # The batch's rows are split over the batch axes (replicated over tensor).
     batch_bytes = sum(x.nbytes for x in jax.tree.leaves((inputs, batch))) // (mesh.size
                                                                              // mesh.shape["tensor"])
-    return {"row_len": row_len, "remat": remat, "mesh": describe(mesh), "devices": mesh.size,
+    return {"row_len": row_len, "remat": remat, "micro_rows": micro_rows, "mesh": describe(mesh),
+            "devices": mesh.size,
             "compile_s": round(time.perf_counter() - t0, 1), "xla": memory,
             "temp_bytes_per_device": memory["temp_size_bytes"],
             "state_bytes_per_device": memory["argument_size_bytes"] - batch_bytes}
@@ -89,15 +92,24 @@ def main(argv: list[str] | None = None) -> int:
                       f"{r['state_bytes_per_device'] / 2**20:9.1f} MiB  (compile {r['compile_s']} s)",
                       flush=True)
 
-    def pick(row_len, remat, devices):
-        return next(r for r in rows if (r["row_len"], r["remat"], r["devices"]) == (row_len, remat, devices))
+        # The other memory knob: rows through the model one at a time (train.micro_rows).
+        r = measure(qcfg, row_len, "none", None, micro_rows=1)
+        rows.append(r)
+        print(f"{row_len:>6} tokens  remat=none  micro_rows=1 1 device temp "
+              f"{r['temp_bytes_per_device'] / 2**20:9.1f} MiB  (compile {r['compile_s']} s)", flush=True)
+
+    def pick(row_len, remat, devices, micro_rows=None):
+        key = (row_len, remat, devices, micro_rows)
+        return next(r for r in rows if (r["row_len"], r["remat"], r["devices"], r["micro_rows"]) == key)
 
     longest = lengths[-1]
     temp, state = "temp_bytes_per_device", "state_bytes_per_device"
     remat_ratio = pick(longest, "none", 1)[temp] / pick(longest, "full", 1)[temp]
     state_ratio = pick(longest, "full", 8)[state] / pick(longest, "full", 1)[state]
+    micro_ratio = pick(longest, "none", 1)[temp] / pick(longest, "none", 1, 1)[temp]
     summary = {
         "remat_temp_ratio_none_over_full": round(remat_ratio, 2),
+        "micro_rows_temp_ratio_all_over_one": round(micro_ratio, 2),
         "remat_target_met": remat_ratio >= 4.0,
         "state_per_device_8_over_1": round(state_ratio, 4),
         "state_target_met": state_ratio <= 1 / 6,
