@@ -31,12 +31,15 @@ def drift_gradients(run_dir: str | os.PathLike, *, advantage: float = 1.0) -> di
     written to the run's ``drift.json``.
     """
     import pickle
+    import tempfile
 
     import jax
     import jax.numpy as jnp
     import optax
     from flax import nnx
 
+    from convert.delta import materialize
+    from convert.store import open_store
     from trainer_jax.batching import pack
     from trainer_jax.config import load_config
     from trainer_jax.learner import loss_and_metrics
@@ -46,7 +49,11 @@ def drift_gradients(run_dir: str | os.PathLike, *, advantage: float = 1.0) -> di
     run_dir = Path(run_dir)
     saved = pickle.loads((run_dir / "trajectories.pkl").read_bytes())
     latest = (run_dir / "weights" / "LATEST").read_text().strip()
-    model, _ = load_hf(run_dir / "weights" / latest / "bf16", dtype=jnp.float32, param_dtype=jnp.float32)
+    with tempfile.TemporaryDirectory() as tmp:
+        # The newest version may be stored as a delta: materialize its full bf16 directory.
+        bf16 = Path(tmp) / "bf16"
+        materialize(open_store(run_dir / "weights"), int(latest.lstrip("v")), "bf16", bf16)
+        model, _ = load_hf(bf16, dtype=jnp.float32, param_dtype=jnp.float32)
     cell = json.loads((run_dir / "cell.json").read_text()) if (run_dir / "cell.json").exists() else {}
     cmd = cell.get("command", [])
     cfg_path = cmd[cmd.index("--config") + 1] if "--config" in cmd else None
