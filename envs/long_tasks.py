@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from envs.base import Episode, StepResult, Task, register_env
-from envs.single_turn import SingleTurnEnv
+from envs.base import Episode, Task, register_env
+from envs.single_turn import AnswerEpisode, SingleTurnEnv
 
 SCORINGS = ("exact", "steps", "prefix")
 
@@ -36,29 +36,20 @@ def chain(terms: list[int], ops: list[str]) -> str:
     return ",".join(steps)
 
 
-class _PartialEpisode(Episode):
+class _PartialEpisode(AnswerEpisode):
     """Partial credit (``steps`` or ``prefix``, see the module docstring); no ``<eos>`` scores 0."""
 
     def __init__(self, env: SingleTurnEnv, prompt_text: str, answer: str, scoring: str):
-        self.env, self.answer, self.scoring = env, answer, scoring
-        self.prompt = [env.bos] + env.encode(prompt_text)
-        self.stop_token_ids = (env.eos,)
+        super().__init__(env, prompt_text, answer)
+        self.scoring = scoring
 
-    def step(self, generated: list[int]) -> StepResult:
-        ended = bool(generated) and generated[-1] == self.env.eos
-        body = generated[:-1] if ended else generated
-        if not body:
-            return StepResult([], 0.0, True, "empty_reply")
-        if not ended:
-            return StepResult([], 0.0, True, "length")
+    def reward(self, text: str) -> float:
         if self.scoring == "prefix":
-            text = self.env.decode(body)
             n = next((i for i, (a, b) in enumerate(zip(text, self.answer, strict=False)) if a != b),
                      min(len(text), len(self.answer)))
-            return StepResult([], n / max(len(self.answer), len(text)), True, "answered")
-        want, got = self.answer.split(","), self.env.decode(body).split(",")
-        right = sum(a == b for a, b in zip(want, got, strict=False))
-        return StepResult([], right / max(len(want), len(got)), True, "answered")
+            return n / max(len(self.answer), len(text))
+        want, got = self.answer.split(","), text.split(",")
+        return sum(a == b for a, b in zip(want, got, strict=False)) / max(len(want), len(got))
 
 
 @register_env

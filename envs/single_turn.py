@@ -11,19 +11,26 @@ import numpy as np
 from envs.base import Environment, Episode, StepResult, Task, register_env
 
 
-class _AnswerEpisode(Episode):
+class AnswerEpisode(Episode):
+    """One reply ended by ``<eos>``; ``reward(text)`` scores the text before it (exact match
+    here; subclasses give partial credit). A reply without ``<eos>`` scores 0."""
+
     def __init__(self, env: Environment, prompt_text: str, answer: str):
         self.env, self.answer = env, answer
         self.prompt = [env.bos] + env.encode(prompt_text)
         self.stop_token_ids = (env.eos,)
+
+    def reward(self, text: str) -> float:
+        return float(text == self.answer)
 
     def step(self, generated: list[int]) -> StepResult:
         ended = bool(generated) and generated[-1] == self.env.eos
         body = generated[:-1] if ended else generated
         if not body:
             return StepResult([], 0.0, True, "empty_reply")
-        reward = float(ended and self.env.decode(body) == self.answer)
-        return StepResult([], reward, True, "answered" if ended else "length")
+        if not ended:
+            return StepResult([], 0.0, True, "length")
+        return StepResult([], self.reward(self.env.decode(body)), True, "answered")
 
 
 class SingleTurnEnv(Environment):
@@ -42,7 +49,7 @@ class SingleTurnEnv(Environment):
 
     def start(self, task: Task) -> Episode:
         prompt, answer = self._problem(task.payload)
-        return _AnswerEpisode(self, prompt, answer)
+        return AnswerEpisode(self, prompt, answer)
 
     def demonstration(self, task: Task) -> tuple[list[int], list[int]]:
         prompt, answer = self._problem(task.payload)
