@@ -20,10 +20,11 @@ tasks:
   group_size: 2
   sampling: {temperature: 1.0, head_k: 4, max_new_tokens: 6}
   mix: [{env: arithmetic, difficulty: 1}]
-service: {listen: "127.0.0.1:0"}
+# A buffer of two groups split evenly: the faster bf16 sampler cannot run ahead with a second
+# group, so every step trains on one group of each recipe (on a loaded machine bf16 otherwise
+# filled every batch before the fp8 sampler, whose first round also compiles, finished a group).
+service: {listen: "127.0.0.1:0", buffer: {max_trajectories: 4}, router: {policy: uniform}}
 groups:
-  # bf16 leases one sample at a time: on a loaded machine the faster bf16 sampler could otherwise
-  # fill every batch before the fp8 one (whose first round also compiles) finishes a group.
   - {name: bf16, recipe: bf16, capacity: 1}
   - {name: fp8, recipe: fp8, kv_cache_dtype: fp8_e4m3, capacity: 4}
 train: {prompts_per_step: 2, publish_every: 1, checkpoint_every: 2, eval_every: 0, eval_tasks: 2,
