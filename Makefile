@@ -23,7 +23,7 @@ demo: $(STAMP)
 
 # -m 'not slow': slow tests are benchmarks in disguise; run them with `make test-slow`.
 test: $(STAMP)
-	$(PY) -m pytest -q -m 'not slow and not gpu' --timeout=900
+	$(PY) -m pytest -q -m 'not slow and not gpu' --timeout=900 --durations=15
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow --timeout=3600
