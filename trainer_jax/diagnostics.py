@@ -32,6 +32,26 @@ PLOTS = {
 }
 
 
+def _summary_writer(path: Path):
+    """tensorboardX's writer, imported with torch hidden.
+
+    tensorboardX imports torch when it is installed (only to accept torch tensors as values); the
+    trainer process must not load torch (it would contend with JAX for accelerator memory), so a
+    ``None`` entry in ``sys.modules`` makes that import fail as if torch were absent.
+    """
+    import sys
+
+    hide = "torch" not in sys.modules
+    if hide:
+        sys.modules["torch"] = None  # type: ignore[assignment]
+    try:
+        from tensorboardX import SummaryWriter
+    finally:
+        if hide:
+            del sys.modules["torch"]
+    return SummaryWriter(str(path))
+
+
 class MetricsSink:
     """``metrics.jsonl``, TensorBoard, and Weights & Biases when ``wandb`` (``{project, mode}``,
     the config's ``logging.wandb``) is given."""
@@ -42,9 +62,7 @@ class MetricsSink:
         self._jsonl = open(self.run_dir / METRICS_FILE, "a", buffering=1)
         self._tb = None
         if tensorboard:
-            from tensorboardX import SummaryWriter
-
-            self._tb = SummaryWriter(str(self.run_dir / "tensorboard"))
+            self._tb = _summary_writer(self.run_dir / "tensorboard")
         self._wandb, self._wandb_step = None, -1
         if wandb is not None:
             import wandb as wb
