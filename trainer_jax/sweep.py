@@ -268,7 +268,11 @@ def run_warm_start(spec: SweepSpec, out: Path, seed: int, log=print) -> dict:
         raise RuntimeError(
             f"warm start for seed {seed} failed (exit {rc}):\n{_tail(target.parent / f'seed{seed}.log')}"
         )
-    return {"seed": seed, "wall_s": wall, "command": cmd}
+    record = {"seed": seed, "wall_s": wall, "command": cmd}
+    # Kept beside the weights: a later (resumed) invocation skips the warm start, and the report
+    # still counts its time.
+    (target.parent / f"seed{seed}.json").write_text(json.dumps(record, indent=2) + "\n")
+    return record
 
 
 def run_cell(cell: Cell, *, timeout: float, save_trajectories: int = 0) -> dict:

@@ -9,9 +9,10 @@ from pathlib import Path
 
 from trainer_jax.report.drift import drift_for_report
 from trainer_jax.report.grid import Grid
-from trainer_jax.report.plots import plot_curves
+from trainer_jax.report.plots import plot_curves, plot_group_oor, plot_phase
 from trainer_jax.report.prose import comparison
 from trainer_jax.report.runs import RunResult, collect
+from trainer_jax.report.seed_claims import claims_section, group_kl_points, group_kl_section, growth_section
 from trainer_jax.report.tables import (
     attribution_section,
     drift_section,
@@ -44,9 +45,12 @@ def render(
     lines = list(_HEADER)
     lines += provenance_section(grid, sweep)
     lines += main_table_section(grid)
+    lines += growth_section(grid)
     lines += figures_section(figures, doc_path)
     lines += attribution_section(results)
+    lines += group_kl_section(grid)
     lines += drift_section(grid.drift)
+    lines += claims_section(grid)
     lines += comparison(grid)
     return "\n".join(lines) + "\n"
 
@@ -74,6 +78,8 @@ def write_report(
         labels = {k: v["label"] for k, v in (sweep or {}).get("conditions", {}).items()}
     fig_dir = doc.parent / doc.stem  # docs/results/*.png next to docs/results.md
     figures = plot_curves(results, fig_dir, labels)
+    figures += [f for f in (plot_phase(results, fig_dir / "phase.png", labels),
+                            plot_group_oor(group_kl_points(results), fig_dir / "group_oor_vs_kl.png")) if f]
     drift = drift_for_report(results, drift_conditions, log) if with_drift else {}
     doc.parent.mkdir(parents=True, exist_ok=True)
     doc.write_text(render(results, labels=labels, sweep=sweep, figures=figures, doc_path=doc, drift=drift))

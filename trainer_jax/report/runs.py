@@ -10,12 +10,14 @@ import dataclasses
 import json
 import math
 import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
 from trainer_jax.diagnostics import CollapseAlarms, alarm_settle_steps, read_metrics
+from trainer_jax.report.growth import NO_TREND, Trend, k3_trend
 
 # Reward this close to 0 (moving average) after having been clearly above it counts as collapsed.
 REWARD_FLOOR = 0.02
@@ -48,6 +50,11 @@ class RunResult:
     entropy_last: float = math.nan
     reward_first: float = math.nan
     reward_last: float = math.nan
+    #: ln k3 against step over the whole run, and over the steps before the collapse (growth.py)
+    trend: Trend = NO_TREND
+    pre_collapse: Trend = NO_TREND
+    #: the mismatch dial's logit-noise sigma of the run's sampler groups (NaN when not set)
+    sigma: float = math.nan
     records: list[dict] = dataclasses.field(default_factory=list, repr=False)
     groups: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
     error: str = ""
@@ -197,6 +204,16 @@ def pooled_attribution(runs: list[RunResult]) -> dict[str, dict[str, float]]:
     }
 
 
+_SIGMA = re.compile(r"logit_noise[\"']?\s*[:=]\s*([0-9.eE+-]+)")
+
+
+def dial_sigma(cell: dict) -> float:
+    """The ``logit_noise`` of a cell's sampler groups, read off its command (NaN when none is set;
+    the largest when groups differ)."""
+    found = [float(m) for c in cell.get("command", []) for m in _SIGMA.findall(str(c))]
+    return max(found) if found else math.nan
+
+
 def summarize_run(run_dir: Path, pool: str, condition: str, seed: int) -> RunResult:
     """Read one cell's directory into a ``RunResult`` (a failed cell keeps ``ok=False``)."""
     cell = {}
@@ -246,6 +263,10 @@ def summarize_run(run_dir: Path, pool: str, condition: str, seed: int) -> RunRes
         [r["reward_mean"] for r in steps if r.get("reward_mean") is not None]
     )
     res.groups = group_attribution(steps)
+    res.trend = k3_trend(steps)
+    if res.collapse_step is not None:
+        res.pre_collapse = k3_trend(steps, until=res.collapse_step)
+    res.sigma = dial_sigma(cell)
     return res
 
 

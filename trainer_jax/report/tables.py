@@ -119,7 +119,7 @@ def figures_section(figures: list[Path], doc_path: Path) -> list[str]:
     """The curves, linked relative to the document."""
     if not figures:
         return []
-    lines = ["## Curves", "", "Seed means, one line per condition; left: mixed pool, right: homogeneous.", ""]
+    lines = ["## Curves", "", "Seed means, one line per condition, one panel per pool (k3 on a log scale); the phase diagram (when the grid has a dial sigma) and the per-group out-of-range share against KL follow.", ""]
     for f in figures:
         lines += [f"![{f.stem}]({os.path.relpath(f, doc_path.parent)})", ""]
     return lines

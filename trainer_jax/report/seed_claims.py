@@ -1,0 +1,266 @@
+# ruff: noqa: E501 -- report prose and table rows read better unbroken.
+"""The seed write-up's four claims as issue 20 states them, each judged from the runs:
+
+1. uncorrected GRPO on mixed samplers collapses, and sooner than on homogeneous ones;
+2. collapse follows *unbounded growth* of the mismatch, not its initial size;
+3. SC + MIS (+ top-p replay) keeps the mismatch bounded;
+4. out-of-range tokens concentrate in the groups with the largest KL (seed: an FP8 group with 10 %
+   of the samples gave 29 % of them).
+
+``verdicts(grid)`` returns one ``Claim`` per finding with a verdict chosen by the numbers —
+``reproduced``, ``not reproduced`` or ``not observable here`` — and the numbers it rests on; nothing
+is hard-coded. The grid may hold several sweeps at once (the sync grid's pools and the dial's
+sigma pools), which is how ``summary.py`` uses it. Growth is the slope of ln k3 (``growth.py``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from trainer_jax.report.grid import Grid
+from trainer_jax.report.growth import GROWTH_FOLD
+from trainer_jax.report.runs import RunResult, nanmean, pooled_attribution
+from trainer_jax.report.tables import fmt
+
+REPRODUCED, NOT_REPRODUCED, NOT_OBSERVABLE = "reproduced", "not reproduced", "not observable here"
+CORRECTED = ("sc_mis", "sc_mis_topp")
+CONCENTRATION = 1.5  # a group "concentrates" out-of-range tokens at >= 1.5x its sample share
+SIZE_TOL = 2.0  # starting k3 within this factor counts as "as large" (claim 2)
+KL_SPREAD = 1.5  # a pool has a "largest-KL group" only when its groups' k3 differ by >= 1.5x
+
+
+@dataclasses.dataclass(frozen=True)
+class Claim:
+    number: int
+    title: str
+    verdict: str
+    text: str
+
+    def markdown(self) -> str:
+        return f"{self.number}. **{self.title} — {self.verdict}.** {self.text}"
+
+
+def _collapses(rs: list[RunResult]) -> str:
+    steps = [r.collapse_step for r in rs if r.collapse_step is not None]
+    return f"{len(steps)}/{len(rs)} collapsed" + (f" (at step {', '.join(map(str, sorted(steps)))})" if steps else "")
+
+
+def _censored_step(r: RunResult) -> float:
+    """The collapse step, or one past the run's end for a run that did not collapse."""
+    return float(r.collapse_step) if r.collapse_step is not None else float(r.steps + 1)
+
+
+def claim_collapse(grid: Grid) -> Claim:
+    title = "Uncorrected GRPO on mixed samplers collapses, and sooner than on homogeneous ones"
+    mixed, homog = grid.runs("mixed", "grpo"), grid.runs("homogeneous", "grpo")
+    if not mixed or not homog:
+        return Claim(1, title, NOT_OBSERVABLE, "GRPO did not finish on both the mixed and the homogeneous pool.")
+    if not grid.signal(mixed + homog):
+        return Claim(1, title, NOT_OBSERVABLE, f"no GRPO run had a training reward above 0.1 in {grid.steps} steps, so there was nothing to collapse from.")
+    others = "; ".join(
+        f"{grid.label(c)} / {p}: {_collapses(grid.runs(p, c))}"
+        for c in grid.conds for p in grid.pools
+        if grid.runs(p, c) and (p, c) not in (("mixed", "grpo"), ("homogeneous", "grpo"))
+    )
+    nm = sum(r.collapse_step is not None for r in mixed)
+    sooner = nanmean([_censored_step(r) for r in mixed]) < nanmean([_censored_step(r) for r in homog])
+    text = (
+        f"GRPO / mixed: {_collapses(mixed)}; GRPO / homogeneous: {_collapses(homog)} "
+        f"(runs of {grid.steps} RL steps; mean collapse step, a run that held counted as its length + 1: "
+        f"{fmt(nanmean([_censored_step(r) for r in mixed]), '.1f')} vs {fmt(nanmean([_censored_step(r) for r in homog]), '.1f')})."
+        + (f" Other cells: {others}." if others else "")
+    )
+    if 2 * nm >= len(mixed) and sooner:
+        return Claim(1, title, REPRODUCED, text)
+    return Claim(1, title, NOT_REPRODUCED, text + (" GRPO on the mixed pool did not collapse in most seeds within this budget." if 2 * nm < len(mixed) else " It did not collapse sooner than on the homogeneous pool."))
+
+
+def claim_growth(grid: Grid) -> Claim:
+    title = "Collapse follows unbounded growth of the mismatch, not its initial size"
+    runs = [r for r in grid.ok if r.trend.n]
+    collapsed = [r for r in runs if r.collapse_step is not None]
+    held = [r for r in runs if r.collapse_step is None]
+    growth_held = sum(r.trend.label == "growth" for r in held)
+    if not collapsed:
+        return Claim(2, title, NOT_OBSERVABLE, (
+            f"no run collapsed ({len(runs)} runs of up to {grid.steps} steps), so what precedes a collapse cannot be "
+            f"read here. Of these runs {growth_held}/{len(held)} showed growth of k3 (slope of ln k3 > 2 s.e. and a "
+            f">= {GROWTH_FOLD:g}x fitted rise over the run)."
+        ))
+    fit = [r for r in collapsed if r.pre_collapse.n]
+    grew = [r for r in fit if r.pre_collapse.label == "growth"]
+    k3c = [r.k3_start for r in collapsed if not math.isnan(r.k3_start)]
+    bigger_held = [r for r in held if not math.isnan(r.k3_start) and k3c and r.k3_start >= min(k3c) / SIZE_TOL]
+    per_run = "; ".join(
+        f"{r.pool}/{r.condition}/seed{r.seed}: k3 first 2 steps {fmt(r.k3_start, '.2e')}, slope before collapse "
+        f"{fmt(r.pre_collapse.slope, '+.3f')}/step ({r.pre_collapse.label}), collapse at {r.collapse_step}"
+        for r in collapsed
+    )
+    text = (
+        f"{len(collapsed)} run(s) collapsed: {per_run}. Of those with enough steps before the collapse to fit "
+        f"({len(fit)}), {len(grew)} showed growth of k3 before it. Initial size: {len(bigger_held)}/{len(held)} runs that "
+        f"did not collapse started with k3 at least 1/{SIZE_TOL:g} of the smallest starting k3 of a collapsed run"
+        f" ({fmt(min(k3c) if k3c else math.nan, '.2e')}); growth among those that held: {growth_held}/{len(held)}."
+    )
+    if not fit:
+        return Claim(2, title, NOT_OBSERVABLE, text + " Every collapse came too early to fit a trend before it.")
+    grew_share = len(grew) / len(fit)
+    held_share = growth_held / len(held) if held else 0.0
+    if grew_share >= 2 / 3 and grew_share > held_share and (bigger_held or not held):
+        return Claim(2, title, REPRODUCED, text)
+    if grew_share >= 2 / 3 and held and not bigger_held:
+        return Claim(2, title, NOT_OBSERVABLE, text + " The collapsed runs also started with the largest mismatch, so growth and initial size are confounded here.")
+    return Claim(2, title, NOT_REPRODUCED, text)
+
+
+def claim_bounded(grid: Grid) -> Claim:
+    title = "SC + MIS (+ top-p replay) keeps the mismatch bounded"
+    corr = [r for r in grid.ok if r.condition in CORRECTED and r.trend.n]
+    if not corr:
+        return Claim(3, title, NOT_OBSERVABLE, "no corrected run finished with a k3 series.")
+    grew = [r for r in corr if r.trend.label == "growth" or r.collapse_step is not None]
+    grpo = [r for r in grid.ok if r.condition == "grpo" and r.trend.n and r.pool in {x.pool for x in corr}]
+    grpo_grew = sum(r.trend.label == "growth" for r in grpo)
+    text = (
+        f"corrected runs with k3 growth or a collapse: {len(grew)}/{len(corr)}"
+        + (f" ({', '.join(f'{r.pool}/{r.condition}/seed{r.seed} slope {r.trend.slope:+.3f}/step' for r in grew)})" if grew else "")
+        + f"; slope of ln k3, corrected: {fmt(nanmean([r.trend.slope for r in corr]), '+.4f')}/step (mean; range "
+        f"{fmt(min(r.trend.slope for r in corr), '+.4f')} to {fmt(max(r.trend.slope for r in corr), '+.4f')}), uncorrected "
+        f"GRPO in the same pools: {fmt(nanmean([r.trend.slope for r in grpo]), '+.4f')}/step, growth in {grpo_grew}/{len(grpo)}."
+    )
+    if grew:
+        return Claim(3, title, NOT_REPRODUCED, text)
+    if grpo and not grpo_grew:
+        text += " Weak evidence: uncorrected GRPO stayed bounded too, so these runs do not show that the correction is what bounds it."
+    return Claim(3, title, REPRODUCED, text)
+
+
+def group_kl_points(results: list[RunResult]) -> list[dict]:
+    """Per pool and sampler group, pooled over its finished runs: sample share, share of the
+    out-of-range tokens (their ratio) and the group's own token-weighted k3 and out-of-range rate."""
+    points = []
+    for pool in sorted({r.pool for r in results if r.ok}):
+        table = pooled_attribution([r for r in results if r.pool == pool])
+        if len(table) < 2:
+            continue
+        for g, v in table.items():
+            ratio = v["oor_share"] / v["sample_share"] if v["sample_share"] else math.nan
+            points.append({"pool": pool, "group": g, **v, "oor_over_samples": ratio})
+    return points
+
+
+def _spearman(x: list[float], y: list[float]) -> float:
+    if len(x) < 3:
+        return math.nan
+    rx, ry = np.argsort(np.argsort(x)), np.argsort(np.argsort(y))
+    if np.std(rx) == 0 or np.std(ry) == 0:
+        return math.nan
+    return float(np.corrcoef(rx, ry)[0, 1])
+
+
+def claim_concentration(grid: Grid) -> Claim:
+    title = "Out-of-range tokens concentrate in the groups with the largest KL (seed: 10 % of samples, 29 % of them)"
+    points = group_kl_points(grid.results)
+    pools = {}
+    for p in points:
+        pools.setdefault(p["pool"], []).append(p)
+    spread = {
+        pool: ps for pool, ps in pools.items()
+        if min(p["k3"] for p in ps) > 0 and max(p["k3"] for p in ps) >= KL_SPREAD * min(p["k3"] for p in ps)
+        and not any(math.isnan(p["oor_share"]) for p in ps)
+    }
+    if not spread:
+        return Claim(4, title, NOT_OBSERVABLE, (
+            f"no pool had sampler groups whose k3 differ by >= {KL_SPREAD:g}x and out-of-range tokens to attribute "
+            f"(pools with several groups: {', '.join(sorted(pools)) or 'none'})."
+        ))
+    parts, ok = [], []
+    for pool, ps in sorted(spread.items()):
+        top = max(ps, key=lambda p: p["k3"])
+        most = max(ps, key=lambda p: p["oor_over_samples"])
+        rho = _spearman([p["k3"] for p in ps], [p["oor_rate"] for p in ps])
+        ok.append(top is most and top["oor_over_samples"] >= CONCENTRATION)
+        parts.append(
+            f"{pool}: largest-KL group `{top['group']}` (k3 {top['k3']:.2e}) gave {100 * top['oor_share']:.0f} % of the "
+            f"out-of-range tokens from {100 * top['sample_share']:.0f} % of the samples ({top['oor_over_samples']:.2f}x); "
+            f"most over-represented: `{most['group']}` ({most['oor_over_samples']:.2f}x); rank correlation of group k3 "
+            f"and out-of-range rate over {len(ps)} groups {fmt(rho, '+.2f')}"
+        )
+    verdict = REPRODUCED if all(ok) else NOT_REPRODUCED
+    return Claim(4, title, verdict, "; ".join(parts) + f" (concentration: the largest-KL group is the most over-represented, at >= {CONCENTRATION:g}x its sample share).")
+
+
+def verdicts(grid: Grid) -> list[Claim]:
+    """The four claims, judged from ``grid``."""
+    return [claim_collapse(grid), claim_growth(grid), claim_bounded(grid), claim_concentration(grid)]
+
+
+def claims_section(grid: Grid) -> list[str]:
+    lines = [
+        "## The seed's four claims (issue 20)",
+        "",
+        "Each verdict is computed from the runs above (`trainer_jax/report/seed_claims.py`): growth = slope of "
+        f"ln k3 per step > 2 standard errors with a >= {GROWTH_FOLD:g}x fitted rise over the run; collapse as in the main table.",
+        "",
+    ]
+    return lines + [c.markdown() for c in verdicts(grid)] + [""]
+
+
+def growth_section(grid: Grid) -> list[str]:
+    """Per condition and pool (and sigma): the slope of ln k3, its fitted fold over the run, and each
+    seed's label (growth / bounded / shrinking), with the collapse steps."""
+    rows = [
+        "## Growth of the mismatch: slope of ln k3",
+        "",
+        "Least-squares slope of ln k3 against RL step per run (seed mean ± mean standard error), the fold change "
+        "that line implies over the run, each seed's label, and the collapse steps. Growth: slope > 2 s.e. and "
+        f">= {GROWTH_FOLD:g}x over the run; shrinking: the mirror image; bounded: neither.",
+        "",
+        "| condition | pool | sigma | seeds | k3 first 2 steps | slope of ln k3 / step | fold over run | per seed | collapse steps | slope before collapse |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for c in grid.conds:
+        for p in grid.pools:
+            rs = grid.runs(p, c)
+            if not rs:
+                continue
+            coll = [r.collapse_step for r in rs if r.collapse_step is not None]
+            pre = [r.pre_collapse.slope for r in rs if r.pre_collapse.n]
+            rows.append(
+                f"| {grid.label(c)} | {p} | {fmt(nanmean([r.sigma for r in rs]), 'g')} | {len(rs)}/{len(grid.by[(p, c)])} | "
+                f"{fmt(nanmean([r.k3_start for r in rs]), '.2e')} | "
+                f"{fmt(nanmean([r.trend.slope for r in rs]), '+.4f')} ± {fmt(nanmean([r.trend.se for r in rs]), '.4f')} | "
+                f"{fmt(nanmean([r.trend.fold for r in rs]), '.2f')}x | {', '.join(r.trend.label for r in rs)} | "
+                f"{', '.join(map(str, coll)) or 'none'} | {', '.join(f'{s:+.3f}' for s in pre) or '–'} |"
+            )
+    return rows + [""]
+
+
+def group_kl_section(grid: Grid) -> list[str]:
+    """Claim 4's table: every pool with several sampler groups, per group."""
+    points = group_kl_points(grid.results)
+    if not points:
+        return []
+    lines = [
+        "## Out-of-range tokens against each group's KL (claim 4)",
+        "",
+        "All finished runs of a pool pooled. Out-of-range: importance ratio outside [c_min, c_max].",
+        "",
+        "| pool | group | sample share | out-of-range share | ratio | out-of-range rate | mean k3 |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for p in points:
+        lines.append(
+            f"| {p['pool']} | {p['group']} | {fmt(p['sample_share'])} | {fmt(p['oor_share'])} | {fmt(p['oor_over_samples'], '.2f')} | "
+            f"{fmt(p['oor_rate'], '.4f')} | {fmt(p['k3'], '.2e')} |"
+        )
+    return lines + [""]
+
+
+__all__ = [
+    "CONCENTRATION", "Claim", "NOT_OBSERVABLE", "NOT_REPRODUCED", "REPRODUCED", "claims_section",
+    "group_kl_points", "group_kl_section", "growth_section", "verdicts",
+]
