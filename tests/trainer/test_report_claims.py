@@ -15,14 +15,14 @@ from trainer_jax.report import collect
 from trainer_jax.report.grid import Grid
 from trainer_jax.report.growth import k3_trend
 from trainer_jax.report.seed_claims import NOT_OBSERVABLE, NOT_REPRODUCED, REPRODUCED, verdicts
-from trainer_jax.report.summary import load_sweep_runs, write_summary
+from trainer_jax.report.summary import finish_command, load_sweep_runs, write_summary
 
 ROOT = Path(__file__).resolve().parents[2]
 N = 24
 LABELS = {"grpo": "GRPO", "sc_mis": "SC + MIS"}
 
 
-def _run(root, pool, cond, seed=0, *, k3, rewards, group_k3=None, group_oor=None, sigma=None, wall=30.0):
+def _run(root, pool, cond, seed=0, *, k3, rewards, group_k3=None, group_oor=None, sigma=None, wall=30.0, eval_start=0.2, eval_end=0.3):
     """A run dir: ``k3``/``rewards`` per step; per group, its k3 factor and out-of-range rate."""
     group_k3 = group_k3 or {"a": 1.0, "b": 1.0}
     group_oor = group_oor or {g: 0.001 for g in group_k3}
@@ -37,7 +37,7 @@ def _run(root, pool, cond, seed=0, *, k3, rewards, group_k3=None, group_oor=None
                     f"group/{g}/out_of_range": group_oor[g], f"group/{g}/sample_share": 1 / len(group_k3)}
         lines.append(json.dumps(rec))
     (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
-    (run / "summary.json").write_text(json.dumps({"eval_start": {"eval/pass@1": 0.2}, "eval_end": {"eval/pass@1": 0.3}}))
+    (run / "summary.json").write_text(json.dumps({"eval_start": {"eval/pass@1": eval_start}, "eval_end": {"eval/pass@1": eval_end}}))
     cmd = ["mixrl-train", "--config", "x.yaml", "--run-dir", str(run)]
     if sigma is not None:
         cmd.append(f"groups=[{{name: a, recipe: bf16, logit_noise: {sigma}}}]")
@@ -102,7 +102,7 @@ def test_verdicts_when_nothing_happens(tmp_path):
     # Without a reward signal claim 1 cannot be judged; with one group there is nothing to attribute.
     dead = tmp_path / "dead"
     for pool in ("mixed", "homogeneous"):
-        _run(dead, pool, "grpo", k3=flat, rewards=[0.0] * N, group_k3={"a": 1.0})
+        _run(dead, pool, "grpo", k3=flat, rewards=[0.0] * N, group_k3={"a": 1.0}, eval_start=0.0, eval_end=0.0)
     v = {c.number: c for c in verdicts(_grid(dead))}
     assert v[1].verdict == NOT_OBSERVABLE and v[4].verdict == NOT_OBSERVABLE
     assert v[3].verdict == NOT_OBSERVABLE
@@ -152,7 +152,8 @@ def test_summary_document_and_readme_blocks(tmp_path):
     for i, (s1, e1) in enumerate(((0.2, 0.5), (0.25, 0.6), (0.2, 0.7))):
         d = tmp_path / f"demo{i}"
         d.mkdir()
-        (d / "summary.json").write_text(json.dumps({
+        (d / "metrics.jsonl").write_text(json.dumps({"step": 1, "loss": 0.1, "k3": 0.05, "out_of_range": 0.01}) + "\n")
+        (d / "summary.json").write_text(json.dumps({"steps": 1,
             "eval_start": {"eval/pass@1": s1, "eval/pass@4": 0.6}, "eval_end": {"eval/pass@1": e1, "eval/pass@4": 0.8}}))
         demo.append(d)
     readme = tmp_path / "README.md"
@@ -174,4 +175,24 @@ def test_summary_document_and_readme_blocks(tmp_path):
     r = readme.read_text()
     assert r.startswith("intro\n<!-- results:begin -->\n") and "old" not in r and r.endswith("end\n")
     assert "sync grid: 4/18 cells" in r and "**reproduced**" in r
-    assert "0.500 / 0.600 / 0.700" in r and "3/3 runs met the demo's bar" in r
+    assert "0.500 / 0.600 / 0.700" in r and "3/3 runs met the demo's bar" in r and "| 1 | 0.200 → 0.500 | 0.600 → 0.800 | 0.050 | 0.0100 |" in r
+
+
+def test_finish_command_drops_the_subset():
+    cmd = "mixrl-train sweep configs/ablation_sync.yaml --out runs/a --pools mixed,homogeneous --seeds 0 --conditions=grpo run.steps=24"
+    assert finish_command(cmd) == "mixrl-train sweep configs/ablation_sync.yaml --out runs/a run.steps=24"
+
+
+def test_held_out_collapse_counts_without_a_reward_collapse(tmp_path):
+    # Rewards of a few hundredths (chain's partial credit) never clear the reward floor; held-out
+    # pass@1 falling from 0.2 to 0.05 is a collapse all the same, seen at the end of the run.
+    small = [0.04] * N
+    _run(tmp_path, "mixed", "grpo", k3=[1e-3] * N, rewards=small, eval_end=0.05)
+    _run(tmp_path, "homogeneous", "grpo", k3=[1e-3] * N, rewards=small)
+    results = {r.pool: r for r in collect(tmp_path)}
+    assert results["mixed"].eval_collapsed and results["mixed"].collapse_step is None
+    assert not results["homogeneous"].collapsed
+    v = {c.number: c for c in verdicts(_grid(tmp_path))}
+    assert v[1].verdict == REPRODUCED and "held-out pass@1 0.200 → 0.050" in v[1].text
+    # The collapse came with no k3 growth over the run: claim 2 is not reproduced.
+    assert v[2].verdict == NOT_REPRODUCED

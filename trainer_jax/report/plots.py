@@ -73,9 +73,9 @@ def plot_phase(results: list[RunResult], path: Path, labels: dict[str, str]) -> 
         color = f"C{i}"
         sig = sorted({r.sigma for r in rs})
         for r in rs:
-            done = r.collapse_step is not None
+            done = r.collapsed  # a held-out collapse is seen at the end of the run
             a0.scatter(
-                r.sigma, r.collapse_step if done else r.steps, marker="o", s=36,
+                r.sigma, r.collapse_step or r.steps, marker="o", s=36,
                 facecolors=color if done else "none", edgecolors=color,
             )
             a1.scatter(r.sigma, r.trend.slope, color=color, s=16, alpha=0.6)

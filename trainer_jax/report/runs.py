@@ -21,6 +21,10 @@ from trainer_jax.report.growth import NO_TREND, Trend, k3_trend
 
 # Reward this close to 0 (moving average) after having been clearly above it counts as collapsed.
 REWARD_FLOOR = 0.02
+# Held-out pass@1 falling below this share of its start counts as a collapse of the policy, whatever
+# the training reward's scale (issue 20's chain task pays partial credit of a few hundredths, too
+# small for REWARD_FLOOR's absolute test; the seed's collapse is pass@4 going to 0).
+EVAL_COLLAPSE = 0.5
 
 
 @dataclasses.dataclass
@@ -58,6 +62,17 @@ class RunResult:
     records: list[dict] = dataclasses.field(default_factory=list, repr=False)
     groups: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
     error: str = ""
+
+    @property
+    def eval_collapsed(self) -> bool:
+        """Held-out pass@1 at the end below ``EVAL_COLLAPSE`` x its start (False when either is missing)."""
+        a, b = self.eval_start, self.eval_final
+        return not (math.isnan(a) or math.isnan(b)) and a > 0 and b < EVAL_COLLAPSE * a
+
+    @property
+    def collapsed(self) -> bool:
+        """A reward collapse (``collapse_step``) or a held-out collapse (``eval_collapsed``)."""
+        return self.collapse_step is not None or self.eval_collapsed
 
 
 def nanmean(xs: Sequence[float | None]) -> float:

@@ -22,7 +22,7 @@ import numpy as np
 
 from trainer_jax.report.grid import Grid
 from trainer_jax.report.growth import GROWTH_FOLD
-from trainer_jax.report.runs import RunResult, nanmean, pooled_attribution
+from trainer_jax.report.runs import EVAL_COLLAPSE, RunResult, nanmean, pooled_attribution
 from trainer_jax.report.tables import fmt
 
 REPRODUCED, NOT_REPRODUCED, NOT_OBSERVABLE = "reproduced", "not reproduced", "not observable here"
@@ -43,14 +43,30 @@ class Claim:
         return f"{self.number}. **{self.title} — {self.verdict}.** {self.text}"
 
 
+def _when(r: RunResult) -> str:
+    if r.collapse_step is not None:
+        return f"reward at step {r.collapse_step}"
+    return f"held-out pass@1 {r.eval_start:.3f} → {r.eval_final:.3f}"
+
+
 def _collapses(rs: list[RunResult]) -> str:
-    steps = [r.collapse_step for r in rs if r.collapse_step is not None]
-    return f"{len(steps)}/{len(rs)} collapsed" + (f" (at step {', '.join(map(str, sorted(steps)))})" if steps else "")
+    down = [r for r in rs if r.collapsed]
+    return f"{len(down)}/{len(rs)} collapsed" + (f" ({'; '.join(_when(r) for r in down)})" if down else "")
 
 
 def _censored_step(r: RunResult) -> float:
-    """The collapse step, or one past the run's end for a run that did not collapse."""
-    return float(r.collapse_step) if r.collapse_step is not None else float(r.steps + 1)
+    """The reward-collapse step; the run's length for a held-out collapse (seen only at the end);
+    one past the run's end for a run that did not collapse."""
+    if r.collapse_step is not None:
+        return float(r.collapse_step)
+    return float(r.steps) if r.eval_collapsed else float(r.steps + 1)
+
+
+def _signal(rs: list[RunResult]) -> bool:
+    """Whether any run had something to lose: a training reward above 0 or a held-out pass above 0."""
+    return any(
+        max((x.get("reward_mean") or 0.0) for x in r.records) > 0 or (r.eval_start or 0) > 0 for r in rs if r.records
+    )
 
 
 def claim_collapse(grid: Grid) -> Claim:
@@ -58,14 +74,14 @@ def claim_collapse(grid: Grid) -> Claim:
     mixed, homog = grid.runs("mixed", "grpo"), grid.runs("homogeneous", "grpo")
     if not mixed or not homog:
         return Claim(1, title, NOT_OBSERVABLE, "GRPO did not finish on both the mixed and the homogeneous pool.")
-    if not grid.signal(mixed + homog):
-        return Claim(1, title, NOT_OBSERVABLE, f"no GRPO run had a training reward above 0.1 in {grid.steps} steps, so there was nothing to collapse from.")
+    if not _signal(mixed + homog):
+        return Claim(1, title, NOT_OBSERVABLE, f"no GRPO run had a training reward or held-out pass above 0 in {grid.steps} steps, so there was nothing to collapse from.")
     others = "; ".join(
         f"{grid.label(c)} / {p}: {_collapses(grid.runs(p, c))}"
         for c in grid.conds for p in grid.pools
         if grid.runs(p, c) and (p, c) not in (("mixed", "grpo"), ("homogeneous", "grpo"))
     )
-    nm = sum(r.collapse_step is not None for r in mixed)
+    nm = sum(r.collapsed for r in mixed)
     sooner = nanmean([_censored_step(r) for r in mixed]) < nanmean([_censored_step(r) for r in homog])
     text = (
         f"GRPO / mixed: {_collapses(mixed)}; GRPO / homogeneous: {_collapses(homog)} "
@@ -78,11 +94,17 @@ def claim_collapse(grid: Grid) -> Claim:
     return Claim(1, title, NOT_REPRODUCED, text + (" GRPO on the mixed pool did not collapse in most seeds within this budget." if 2 * nm < len(mixed) else " It did not collapse sooner than on the homogeneous pool."))
 
 
+def _before(r: RunResult):
+    """The k3 trend before the collapse: up to the reward-collapse step, or the whole run for a
+    held-out collapse (seen only at the end)."""
+    return r.pre_collapse if r.collapse_step is not None else r.trend
+
+
 def claim_growth(grid: Grid) -> Claim:
     title = "Collapse follows unbounded growth of the mismatch, not its initial size"
     runs = [r for r in grid.ok if r.trend.n]
-    collapsed = [r for r in runs if r.collapse_step is not None]
-    held = [r for r in runs if r.collapse_step is None]
+    collapsed = [r for r in runs if r.collapsed]
+    held = [r for r in runs if not r.collapsed]
     growth_held = sum(r.trend.label == "growth" for r in held)
     if not collapsed:
         return Claim(2, title, NOT_OBSERVABLE, (
@@ -90,13 +112,13 @@ def claim_growth(grid: Grid) -> Claim:
             f"read here. Of these runs {growth_held}/{len(held)} showed growth of k3 (slope of ln k3 > 2 s.e. and a "
             f">= {GROWTH_FOLD:g}x fitted rise over the run)."
         ))
-    fit = [r for r in collapsed if r.pre_collapse.n]
-    grew = [r for r in fit if r.pre_collapse.label == "growth"]
+    fit = [r for r in collapsed if _before(r).n]
+    grew = [r for r in fit if _before(r).label == "growth"]
     k3c = [r.k3_start for r in collapsed if not math.isnan(r.k3_start)]
     bigger_held = [r for r in held if not math.isnan(r.k3_start) and k3c and r.k3_start >= min(k3c) / SIZE_TOL]
     per_run = "; ".join(
         f"{r.pool}/{r.condition}/seed{r.seed}: k3 first 2 steps {fmt(r.k3_start, '.2e')}, slope before collapse "
-        f"{fmt(r.pre_collapse.slope, '+.3f')}/step ({r.pre_collapse.label}), collapse at {r.collapse_step}"
+        f"{fmt(_before(r).slope, '+.3f')}/step ({_before(r).label}), {_when(r)}"
         for r in collapsed
     )
     text = (
@@ -121,12 +143,12 @@ def claim_bounded(grid: Grid) -> Claim:
     corr = [r for r in grid.ok if r.condition in CORRECTED and r.trend.n]
     if not corr:
         return Claim(3, title, NOT_OBSERVABLE, "no corrected run finished with a k3 series.")
-    grew = [r for r in corr if r.trend.label == "growth" or r.collapse_step is not None]
+    grew = [r for r in corr if r.trend.label == "growth" or r.collapsed]
     grpo = [r for r in grid.ok if r.condition == "grpo" and r.trend.n and r.pool in {x.pool for x in corr}]
     grpo_grew = sum(r.trend.label == "growth" for r in grpo)
     text = (
         f"corrected runs with k3 growth or a collapse: {len(grew)}/{len(corr)}"
-        + (f" ({', '.join(f'{r.pool}/{r.condition}/seed{r.seed} slope {r.trend.slope:+.3f}/step' for r in grew)})" if grew else "")
+        + (f" ({', '.join(f'{r.pool}/{r.condition}/seed{r.seed} slope {r.trend.slope:+.3f}/step ({r.trend.label}), {_collapses([r])}' for r in grew)})" if grew else "")
         + f"; slope of ln k3, corrected: {fmt(nanmean([r.trend.slope for r in corr]), '+.4f')}/step (mean; range "
         f"{fmt(min(r.trend.slope for r in corr), '+.4f')} to {fmt(max(r.trend.slope for r in corr), '+.4f')}), uncorrected "
         f"GRPO in the same pools: {fmt(nanmean([r.trend.slope for r in grpo]), '+.4f')}/step, growth in {grpo_grew}/{len(grpo)}."
@@ -203,7 +225,9 @@ def claims_section(grid: Grid) -> list[str]:
         "## The seed's four claims (issue 20)",
         "",
         "Each verdict is computed from the runs above (`trainer_jax/report/seed_claims.py`): growth = slope of "
-        f"ln k3 per step > 2 standard errors with a >= {GROWTH_FOLD:g}x fitted rise over the run; collapse as in the main table.",
+        f"ln k3 per step > 2 standard errors with a >= {GROWTH_FOLD:g}x fitted rise over the run; collapse: the reward "
+        f"collapse of the main table, or held-out pass@1 ending below {EVAL_COLLAPSE:g}x its start (the chain task's "
+        "partial-credit rewards are too small for the reward floor).",
         "",
     ]
     return lines + [c.markdown() for c in verdicts(grid)] + [""]
@@ -219,22 +243,23 @@ def growth_section(grid: Grid) -> list[str]:
         "that line implies over the run, each seed's label, and the collapse steps. Growth: slope > 2 s.e. and "
         f">= {GROWTH_FOLD:g}x over the run; shrinking: the mirror image; bounded: neither.",
         "",
-        "| condition | pool | sigma | seeds | k3 first 2 steps | slope of ln k3 / step | fold over run | per seed | collapse steps | slope before collapse |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| condition | pool | sigma | seeds | k3 first 2 steps | slope of ln k3 / step | fold over run | per seed | collapses | slope before collapse | held-out pass@1 start → final |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for c in grid.conds:
         for p in grid.pools:
             rs = grid.runs(p, c)
             if not rs:
                 continue
-            coll = [r.collapse_step for r in rs if r.collapse_step is not None]
-            pre = [r.pre_collapse.slope for r in rs if r.pre_collapse.n]
+            coll = [_when(r) for r in rs if r.collapsed]
+            pre = [_before(r).slope for r in rs if r.collapsed and _before(r).n]
             rows.append(
                 f"| {grid.label(c)} | {p} | {fmt(nanmean([r.sigma for r in rs]), 'g')} | {len(rs)}/{len(grid.by[(p, c)])} | "
                 f"{fmt(nanmean([r.k3_start for r in rs]), '.2e')} | "
                 f"{fmt(nanmean([r.trend.slope for r in rs]), '+.4f')} ± {fmt(nanmean([r.trend.se for r in rs]), '.4f')} | "
                 f"{fmt(nanmean([r.trend.fold for r in rs]), '.2f')}x | {', '.join(r.trend.label for r in rs)} | "
-                f"{', '.join(map(str, coll)) or 'none'} | {', '.join(f'{s:+.3f}' for s in pre) or '–'} |"
+                f"{'; '.join(coll) or 'none'} | {', '.join(f'{s:+.3f}' for s in pre) or '–'} | "
+                f"{fmt(nanmean([r.eval_start for r in rs]))} → {fmt(nanmean([r.eval_final for r in rs]))} |"
             )
     return rows + [""]
 
