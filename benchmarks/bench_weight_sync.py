@@ -7,8 +7,11 @@ batch of token ids). Versions v0 (before) and v1 (after) are published in every 
 - baseline: a full publish of v1 (what every version cost before deltas), bytes and time;
 - delta: v1 published as a delta against v0 (``publish(delta=True)``), bytes and time;
 - sampler side: materializing v1 from the v0 it holds plus the delta, every file verified against
-  the manifest (``convert.delta.materialize``), vs reading and verifying the full v1 export (what
-  a sampler on a shared filesystem did before); both from the page cache.
+  the manifest (``convert.delta.materialize``: each file written once and hashed as it is
+  written), vs reading and verifying the full v1 export (what a sampler on a shared filesystem
+  did before), both from the page cache, interleaved ``--repeats`` times (min / median / max).
+  Beside them, copying the full export to a new directory (no hashing): the cost of just
+  producing a version's files on this machine, which an apply pays and a read does not.
 
 The projection scales the measured bytes per parameter to Qwen3-30B-A3B (30.5 B parameters) at
 the stated bandwidth (transfer + apply time), quoted beside Miles' published Qwen3-30B-A3B weight
@@ -85,6 +88,15 @@ def one_adamw_step(args) -> tuple[dict, dict, object, dict]:
     return v0, v1, cfg, info
 
 
+def _stats(runs: list[tuple[float, float]]) -> dict:
+    """min / median / max of (wall, CPU) seconds over repeated runs."""
+    out = {}
+    for i, key in enumerate(("wall_s", "cpu_s")):
+        xs = sorted(r[i] for r in runs)
+        out[key] = {"min": round(xs[0], 3), "median": round(float(np.median(xs)), 3), "max": round(xs[-1], 3)}
+    return out
+
+
 def cpu_seconds() -> float:
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
@@ -106,11 +118,13 @@ def main() -> None:
     ap.add_argument("--formats", nargs="+", default=FORMATS)
     ap.add_argument("--bandwidth-gbps", type=float, default=100.0,
                     help="network bandwidth of the projection, gigabits/s (default 100)")
+    ap.add_argument("--repeats", type=int, default=3,
+                    help="sampler-side measurements per format, interleaved (default 3)")
     ap.add_argument("--dir", default=None, help="where to write (default: a temp dir on disk)")
     ap.add_argument("--out", default="benchmarks/results/bench_weight_sync.json")
     args = ap.parse_args()
 
-    from convert.delta import materialize
+    from convert.delta import DELTA_VERSION, materialize
     from convert.manifest import check_manifest
     from convert.publish import publish
     from convert.store import open_store
@@ -139,13 +153,23 @@ def main() -> None:
             for p in full_dir.rglob("*"):  # warm the page cache for the baseline read
                 if p.is_file():
                     p.read_bytes()
-            t0, c0 = time.perf_counter(), cpu_seconds()
-            assert check_manifest(full_dir) == []  # baseline: read + verify the full export
-            read_s, read_cpu = time.perf_counter() - t0, cpu_seconds() - c0
-            t0, c0 = time.perf_counter(), cpu_seconds()
-            how = materialize(store, 1, fmt, work / "applied" / fmt, have=(0, v0_dir))
-            apply_s, apply_cpu = time.perf_counter() - t0, cpu_seconds() - c0
-            assert how == "v0 held + 1 delta(s)"
+            runs: dict[str, list[tuple[float, float]]] = {"read": [], "apply": [], "copy": []}
+            for _ in range(args.repeats):  # interleaved, so load changes hit all three alike
+                t0, c0 = time.perf_counter(), cpu_seconds()
+                assert check_manifest(full_dir) == []  # baseline: read + verify the full export
+                runs["read"].append((time.perf_counter() - t0, cpu_seconds() - c0))
+                applied = work / "applied" / fmt
+                t0, c0 = time.perf_counter(), cpu_seconds()
+                how = materialize(store, 1, fmt, applied, have=(0, v0_dir))
+                runs["apply"].append((time.perf_counter() - t0, cpu_seconds() - c0))
+                assert how == "v0 held + 1 delta(s)"
+                shutil.rmtree(applied)
+                t0, c0 = time.perf_counter(), cpu_seconds()
+                shutil.copytree(full_dir, work / "copied" / fmt)
+                runs["copy"].append((time.perf_counter() - t0, cpu_seconds() - c0))
+                shutil.rmtree(work / "copied" / fmt)
+            stats = {k: _stats(v) for k, v in runs.items()}
+            apply_s, read_s = stats["apply"]["wall_s"]["median"], stats["read"]["wall_s"]["median"]
             full_b, delta_b = full_report[fmt]["bytes"], delta_report[fmt]["bytes"]
             scale = QWEN3_30B_A3B_PARAMS / (info["params_m"] * 1e6)  # bytes per parameter kept
             bw = args.bandwidth_gbps * 1e9 / 8
@@ -154,16 +178,23 @@ def main() -> None:
             results[fmt] = {
                 "full_bytes": full_b, "delta_bytes": delta_b, "delta_ratio": round(delta_b / full_b, 5),
                 "target_ratio": TARGET.get(fmt), "meets_target": delta_b / full_b <= TARGET.get(fmt, 1),
+                # medians of --repeats interleaved runs; min/median/max of each in "sampler"
                 "sampler_apply_verify_s": round(apply_s, 3), "sampler_read_verify_full_s": round(read_s, 3),
                 "apply_faster_than_full_read": apply_s < read_s,
-                # CPU seconds (all threads): robust to other jobs on the machine, unlike wall time
-                "sampler_apply_verify_cpu_s": round(apply_cpu, 3),
-                "sampler_read_verify_full_cpu_s": round(read_cpu, 3),
+                # CPU seconds (all threads): less sensitive to other jobs on the machine than wall
+                "sampler_apply_verify_cpu_s": stats["apply"]["cpu_s"]["median"],
+                "sampler_read_verify_full_cpu_s": stats["read"]["cpu_s"]["median"],
+                "apply_cheaper_than_full_read_cpu":
+                    stats["apply"]["cpu_s"]["median"] < stats["read"]["cpu_s"]["median"],
+                "sampler": {"apply_verify": stats["apply"], "read_verify_full": stats["read"],
+                            "copy_full_no_hash": stats["copy"]},
                 # at this bandwidth, fetch the full export + verify vs fetch the delta + apply + verify
                 "sampler_total_s_at_bandwidth": {"full": round(full_b / bw + read_s, 3),
                                                  "delta": round(delta_b / bw + apply_s, 3)},
-                # the link speed below which fetching the delta and applying it wins (wall times)
-                "break_even_gbps": round((full_b - delta_b) * 8 / 1e9 / max(apply_s - read_s, 1e-9), 2),
+                # the link speed below which fetching the delta and applying it wins (wall times;
+                # None: the delta wins at any speed)
+                "break_even_gbps": None if apply_s <= read_s
+                else round((full_b - delta_b) * 8 / 1e9 / (apply_s - read_s), 2),
                 "projection_qwen3_30b_a3b": {
                     "full_gb": round(proj_full_b / 1e9, 2), "delta_gb": round(proj_delta_b / 1e9, 3),
                     "full_transfer_s": round(proj_full_b / bw, 2),
@@ -172,7 +203,6 @@ def main() -> None:
                 },
             }
             shutil.rmtree(v0_dir, ignore_errors=True)
-            shutil.rmtree(work / "applied" / fmt, ignore_errors=True)
         out = {
             "benchmark": "bench_weight_sync",
             "command": " ".join(["python", "benchmarks/bench_weight_sync.py", *sys.argv[1:]]),
@@ -181,6 +211,7 @@ def main() -> None:
                                 "head_dim": args.head_dim}, **info},
             "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                         "load_avg_1m": round(os.getloadavg()[0], 2)},
+            "delta_version": DELTA_VERSION, "repeats": args.repeats,
             "publish_seconds": {"v0_full": round(v0_s, 2), "v1_full_baseline": round(full_s, 2),
                                 "v1_delta": round(delta_s, 2)},
             "bandwidth_gbps": args.bandwidth_gbps,

@@ -4,18 +4,19 @@ One RL step moves few stored values (a bf16 weight changes when the update cross
 boundary; a quantized code far more rarely), so version v+1 of a format is written as a delta
 against version v of the same format. ``vNNNNNNNN/{format}/`` then holds::
 
-    delta.json     {"delta_version": 1, "format", "version", "base", "depth",
+    delta.json     {"delta_version": 2, "format", "version", "base", "depth", "piece_bytes",
                     "manifest": <the manifest.json text of the full export>,
                     "files": {rel: {"op": "same" | "xor" | "full", "blob": "blobs/00003.zst"}}}
     blobs/*.zst    one zstd stream per changed file
 
 - ``same``: the file's sha256 equals the base's (config, tokenizer, unchanged shards);
-- ``xor``: a safetensors file with the base's exact header and size: per tensor (in pieces of
-  whole elements), a bitmask of the elements whose bytes changed, then the XOR of those elements
-  against the base in byte planes (byte 0 of each, then byte 1, ...; the high bytes of a small
-  change are zero), then zstd (with its checksum, so a corrupt blob is refused while decoding).
-  Weights and scales alike, element by element;
+- ``xor``: a safetensors file with the base's exact header and size: per piece of whole elements,
+  the indices of the changed elements (as gaps) and their XOR against the base, in byte planes,
+  then zstd with its checksum (``convert.delta_codec``). Weights and scales alike;
 - ``full``: any other changed file, zstd-compressed whole.
+
+``delta_version`` 1 (a bitmask of the changed elements instead of their indices) is refused by
+name; a sampler holding such a chain falls back to the newest full snapshot.
 
 ``manifest`` is the full export's ``manifest.json`` text verbatim, so the materialized directory
 is byte-identical to a full publish of the same weights and a sampler verifies the files it will
@@ -29,26 +30,35 @@ import contextlib
 import json
 import os
 import shutil
-import struct
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 
-from convert.manifest import MANIFEST_NAME, ManifestError, check_manifest, check_relative
-from convert.safetensors_io import DTYPES, MAX_HEADER_BYTES
+from convert.delta_codec import (
+    MAX_PIECE_BYTES,
+    PIECE_BYTES,
+    DeltaError,
+    Digest,
+    decompress_file,
+    encode_piece,
+    layout,
+    pieces,
+    read_exact,
+    sha256_of,
+    xor_file,
+)
+from convert.formats.numerics import parallel_map
+from convert.manifest import MANIFEST_NAME, ManifestError, check_relative, read_manifest
 from convert.store import Store, version_dirname
 
+__all__ = ["DELTA_NAME", "DeltaError", "apply_chain", "apply_delta", "encode_delta", "materialize"]
+
 DELTA_NAME = "delta.json"
-DELTA_VERSION = 1
-_CHUNK = 16 * 1024 * 1024  # bytes of one tensor handled at a time (bounded memory)
+DELTA_VERSION = 2
 _LEVEL = 3
-
-
-class DeltaError(RuntimeError):
-    """A delta cannot be applied: a gap in the chain, a corrupt or truncated blob, a bad base."""
 
 
 def _zstd():
@@ -57,93 +67,6 @@ def _zstd():
     except ImportError:
         raise DeltaError("delta versions need the zstandard package: pip install zstandard") from None
     return zstandard
-
-
-# --------------------------------------------------------------------------- safetensors layout
-
-
-def _layout(path: Path) -> tuple[bytes, list[tuple[int, int, int]]] | None:
-    """``(header bytes, [(begin, end, itemsize)])`` covering the data of a safetensors file in
-    file order (absolute offsets); ``None`` if the file is not one."""
-    try:
-        size = path.stat().st_size
-        with open(path, "rb") as f:
-            raw = f.read(8)
-            if len(raw) < 8:
-                return None
-            (n,) = struct.unpack("<Q", raw)
-            if n > MAX_HEADER_BYTES or 8 + n > size:
-                return None
-            head = f.read(n)
-        header = json.loads(head)
-        start = 8 + n
-        spans = sorted((int(e["data_offsets"][0]), int(e["data_offsets"][1]),
-                        DTYPES[e["dtype"]].itemsize)
-                       for k, e in header.items() if k != "__metadata__")
-    except (OSError, ValueError, KeyError, TypeError, IndexError):
-        return None
-    regions, pos = [], start
-    for begin, end, k in spans:
-        begin, end = begin + start, end + start
-        if begin < pos or end > size:
-            return None  # overlapping or out of range: not a layout we can split safely
-        if begin > pos:
-            regions.append((pos, begin, 1))
-        if (end - begin) % k:
-            k = 1
-        regions.append((begin, end, k))
-        pos = end
-    if pos < size:
-        regions.append((pos, size, 1))
-    return raw + head, regions
-
-
-def _pieces(regions: list[tuple[int, int, int]]):
-    """``(offset, nbytes, itemsize)`` pieces of at most ~``_CHUNK`` bytes, whole elements each."""
-    for begin, end, k in regions:
-        step = max(k, _CHUNK - _CHUNK % k)
-        for off in range(begin, end, step):
-            yield off, min(step, end - off), k
-
-
-_UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
-
-
-def _encode_piece(x: np.ndarray, k: int) -> bytes:
-    """The XOR bytes ``x`` of ``len(x) // k`` elements as a bitmask of the changed elements
-    followed by their XOR values in byte planes: a few % of elements change, and the mask of
-    those (1 bit each) plus their values compresses ~1.5x better than the zero runs would."""
-    e = x.view(_UINT[k]) if k in _UINT else x
-    k = k if k in _UINT else 1
-    nz = e != 0
-    vals = e[nz].view(np.uint8)
-    planes = vals if k == 1 else vals.reshape(-1, k).T
-    return np.packbits(nz).tobytes() + np.ascontiguousarray(planes).tobytes()
-
-
-def _decode_piece(stream, n: int, k: int, what: str) -> np.ndarray:
-    """The ``n`` XOR bytes written by ``_encode_piece``, read from ``stream``."""
-    k = k if k in _UINT else 1
-    nel = n // k
-    nz = np.unpackbits(_read_exact(stream, (nel + 7) // 8, what), count=nel).view(bool)
-    nnz = int(np.count_nonzero(nz))
-    vals = _read_exact(stream, nnz * k, what)
-    out = np.zeros(nel, _UINT[k])
-    if nnz:
-        out[nz] = (vals if k == 1 else np.ascontiguousarray(vals.reshape(k, -1).T)).reshape(-1).view(_UINT[k])
-    return out.view(np.uint8)
-
-
-def _read_exact(f, n: int, what: str) -> np.ndarray:
-    buf = bytearray(n)
-    view, got = memoryview(buf), 0
-    while got < n:
-        chunk = f.read(n - got)
-        if not chunk:
-            raise DeltaError(f"{what}: truncated ({got} of {n} bytes)")
-        view[got:got + len(chunk)] = chunk
-        got += len(chunk)
-    return np.frombuffer(buf, np.uint8)
 
 
 # --------------------------------------------------------------------------- encode
@@ -176,23 +99,25 @@ def encode_delta(new_dir: str | os.PathLike, base_dir: str | os.PathLike, out_di
             files[rel] = {"op": "same"}
             continue
         blob = f"blobs/{i:05d}.zst"
-        new_layout = _layout(new_dir / rel)
-        base_layout = _layout(base) if base.is_file() else None
+        new_layout = layout(new_dir / rel)
+        base_layout = layout(base) if base.is_file() else None
         xor = (new_layout is not None and new_layout == base_layout
                and base.stat().st_size == (new_dir / rel).stat().st_size)
         with open(out_dir / blob, "wb") as out, cctx.stream_writer(out, closefd=False) as w:
             if xor:
                 with open(new_dir / rel, "rb") as fn, open(base, "rb") as fb:
-                    for off, n, k in _pieces(new_layout[1]):
+                    for off, n, k in pieces(new_layout[1], PIECE_BYTES):
                         fn.seek(off)
                         fb.seek(off)
-                        w.write(_encode_piece(_read_exact(fn, n, rel) ^ _read_exact(fb, n, rel), k))
+                        w.write(encode_piece(np.frombuffer(read_exact(fn, n, rel), np.uint8),
+                                             np.frombuffer(read_exact(fb, n, rel), np.uint8), k))
             else:
                 with open(new_dir / rel, "rb") as fn:
-                    shutil.copyfileobj(fn, w, _CHUNK)
+                    shutil.copyfileobj(fn, w, PIECE_BYTES)
         files[rel] = {"op": "xor" if xor else "full", "blob": blob}
     meta = {"delta_version": DELTA_VERSION, "format": new_manifest.get("format"), "version": version,
-            "base": base_version, "depth": depth, "manifest": manifest_text, "files": files}
+            "base": base_version, "depth": depth, "piece_bytes": PIECE_BYTES,
+            "manifest": manifest_text, "files": files}
     (out_dir / DELTA_NAME).write_text(json.dumps(meta, indent=1) + "\n")
     return sum(p.stat().st_size for p in out_dir.rglob("*") if p.is_file())
 
@@ -204,9 +129,15 @@ def parse_delta(text: str, where: str) -> dict:
     """The checked contents of a ``delta.json``; ``DeltaError`` naming ``where`` otherwise."""
     try:
         meta = json.loads(text)
-        if meta.get("delta_version") != DELTA_VERSION:
-            raise ValueError(f"delta_version {meta.get('delta_version')!r}, expected {DELTA_VERSION}")
-        int(meta["base"]), int(meta["depth"])
+        got = meta.get("delta_version")
+        if got == 1:
+            raise ValueError("delta_version 1 (the bitmask encoding of older mixrl) is no longer read; "
+                             f"this reader takes {DELTA_VERSION}: materialize from a full snapshot")
+        if got != DELTA_VERSION:
+            raise ValueError(f"delta_version {got!r}, expected {DELTA_VERSION}")
+        int(meta["version"]), int(meta["base"]), int(meta["depth"])
+        if not 1 <= int(meta["piece_bytes"]) <= MAX_PIECE_BYTES:
+            raise ValueError(f"piece_bytes {meta['piece_bytes']} out of range")
         manifest = json.loads(meta["manifest"])
         for rel, entry in meta["files"].items():
             check_relative(rel)
@@ -219,6 +150,13 @@ def parse_delta(text: str, where: str) -> dict:
     return meta
 
 
+def _read_delta(delta_dir: Path) -> dict:
+    try:
+        return parse_delta((delta_dir / DELTA_NAME).read_text(), str(delta_dir))
+    except OSError as e:
+        raise DeltaError(f"{delta_dir}: cannot read {DELTA_NAME} ({e.strerror})") from None
+
+
 def _link_or_copy(src: Path, dst: Path) -> None:
     dst.parent.mkdir(parents=True, exist_ok=True)
     try:
@@ -227,51 +165,101 @@ def _link_or_copy(src: Path, dst: Path) -> None:
         shutil.copyfile(src, dst)
 
 
-def apply_delta(delta_dir: str | os.PathLike, base_dir: str | os.PathLike,
-                out_dir: str | os.PathLike) -> dict:
-    """Write the full directory of a delta version into the new ``out_dir``; return its manifest.
+def _apply_file(zstd, rel: str, steps: list[tuple[Path, dict, dict | None]], base_dir: Path,
+                out_dir: Path) -> Digest:
+    """Write ``out_dir/rel`` from ``base_dir/rel`` and its entries in each delta of a chain
+    (``(delta dir, delta.json, entry or None where that version lacks the file)``, oldest
+    first), reading the base and writing the result once; return its ``(size, sha256)``."""
+    dest = out_dir / rel
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    # A step that is not built on the previous version's file (stored whole, or absent) resets it.
+    reset = max((i for i, (_, _, e) in enumerate(steps) if e is None or e["op"] == "full"), default=-1)
+    if reset >= 0 and steps[reset][2] is None:
+        raise DeltaError(f"{steps[reset][0]}: {rel} is absent, yet a later delta builds on it")
+    xors = [(d / e["blob"], int(m["piece_bytes"])) for d, m, e in steps[reset + 1:] if e["op"] == "xor"]
+    if reset >= 0:
+        d, m, e = steps[reset]
+        digest = decompress_file(zstd, d / e["blob"], dest, int(m["piece_bytes"]))
+        if not xors:
+            return digest
+        base = dest.with_name(dest.name + ".base")
+        os.replace(dest, base)
+    else:
+        base = base_dir / rel
+        if not base.is_file():
+            raise DeltaError(f"{steps[0][0]}: base file {rel} is missing from {base_dir}")
+        if not xors:
+            _link_or_copy(base, dest)
+            return sha256_of(dest)
+    if len({p for _, p in xors}) > 1:
+        raise DeltaError(f"{rel}: the deltas of this chain were cut into different pieces")
+    try:
+        return xor_file(zstd, base, [b for b, _ in xors], dest, xors[0][1])
+    finally:
+        if reset >= 0:
+            base.unlink(missing_ok=True)
 
-    The base is only read. Raises ``DeltaError`` on a missing base file, a corrupt or truncated
-    blob; the result is not verified here (``materialize`` checks the manifest at the end).
+
+def apply_chain(delta_dirs: Sequence[str | os.PathLike], base_dir: str | os.PathLike,
+                out_dir: str | os.PathLike) -> dict[str, Digest]:
+    """Write the full directory of the last of ``delta_dirs`` (a chain, oldest first, the first
+    made against ``base_dir``) into the new ``out_dir``; return ``{relative path: (size,
+    sha256)}`` of the files written (``manifest.json`` aside).
+
+    Each file is written once, hashed as it is written, however long the chain (no
+    intermediate version is materialized). The base is only read. Raises ``DeltaError`` on a
+    missing base file, a corrupt or truncated blob; the digests are not compared with the
+    manifest here (``materialize`` does).
     """
     zstd = _zstd()
-    delta_dir, base_dir, out_dir = Path(delta_dir), Path(base_dir), Path(out_dir)
-    try:
-        meta = parse_delta((delta_dir / DELTA_NAME).read_text(), str(delta_dir))
-    except OSError as e:
-        raise DeltaError(f"{delta_dir}: cannot read {DELTA_NAME} ({e.strerror})") from None
+    dirs = [Path(d) for d in delta_dirs]
+    if not dirs:
+        raise ValueError("apply_chain needs at least one delta")
+    metas = [_read_delta(d) for d in dirs]
+    for i in range(1, len(dirs)):
+        if int(metas[i]["base"]) != int(metas[i - 1]["version"]):
+            raise DeltaError(f"{dirs[i]}: built on version {metas[i]['base']}, not {metas[i - 1]['version']}")
+    base_dir, out_dir = Path(base_dir), Path(out_dir)
     out_dir.mkdir(parents=True)
-    dctx = zstd.ZstdDecompressor()
-    for rel, entry in sorted(meta["files"].items()):
-        base, dest = base_dir / rel, out_dir / rel
-        if entry["op"] != "full" and not base.is_file():
-            raise DeltaError(f"{delta_dir}: base file {rel} is missing from {base_dir}")
-        if entry["op"] == "same":
-            _link_or_copy(base, dest)
-            continue
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        blob = str(delta_dir / entry["blob"])
-        try:
-            with open(delta_dir / entry["blob"], "rb") as fz, dctx.stream_reader(fz) as r, \
-                    open(dest, "wb") as out:
-                if entry["op"] == "full":
-                    shutil.copyfileobj(r, out, _CHUNK)
-                    continue
-                layout = _layout(base)
-                if layout is None:
-                    raise DeltaError(f"{delta_dir}: base file {rel} is not a safetensors file")
-                out.write(layout[0])
-                with open(base, "rb") as fb:
-                    for off, n, k in _pieces(layout[1]):
-                        fb.seek(off)
-                        x = _decode_piece(r, n, k, blob)
-                        out.write((x ^ _read_exact(fb, n, str(base))).data)
-                if r.read(1):
-                    raise DeltaError(f"{delta_dir / entry['blob']}: longer than its base file")
-        except (zstd.ZstdError, OSError) as e:
-            raise DeltaError(f"{delta_dir / entry['blob']}: corrupt or truncated ({e})") from None
-    (out_dir / MANIFEST_NAME).write_text(meta["manifest"])
-    return json.loads(meta["manifest"])
+    files = sorted(metas[-1]["files"], key=lambda rel: -(base_dir / rel).stat().st_size
+                   if (base_dir / rel).is_file() else 0)  # largest first: they bound the time
+    def one(rel: str) -> Digest:
+        steps = [(d, m, m["files"].get(rel)) for d, m in zip(dirs, metas, strict=True)]
+        return _apply_file(zstd, rel, steps, base_dir, out_dir)
+
+    digests = parallel_map(one, files)
+    (out_dir / MANIFEST_NAME).write_text(metas[-1]["manifest"])
+    return dict(zip(files, digests, strict=True))
+
+
+def apply_delta(delta_dir: str | os.PathLike, base_dir: str | os.PathLike,
+                out_dir: str | os.PathLike) -> dict:
+    """``apply_chain`` of one delta; return the manifest (the files are not verified here)."""
+    apply_chain([delta_dir], base_dir, out_dir)
+    return json.loads((Path(out_dir) / MANIFEST_NAME).read_text())
+
+
+def _problems(out: Path, manifest: dict, digests: Mapping[str, Digest],
+              expect: Mapping[str, Digest] | None) -> list[str]:
+    """Differences between the files written to ``out`` (their digests as written) and the
+    manifest, and ``expect`` (what the trainer announced) if given; each names the file."""
+    problems = [f"{out / rel}: not listed in {MANIFEST_NAME}" for rel in digests
+                if rel not in manifest["files"] and rel != MANIFEST_NAME]
+    wanted = [(MANIFEST_NAME, {rel: (e["size"], e["sha256"]) for rel, e in manifest["files"].items()})]
+    if expect is not None:
+        wanted.append(("the announced manifest", dict(expect)))
+    for name, files in wanted:
+        for rel, (size, sha) in files.items():
+            got = digests.get(rel)
+            if got is None:
+                problems.append(f"{out / rel}: listed in {name} but missing")
+            elif got[0] != size or (out / rel).stat().st_size != size:
+                problems.append(f"{out / rel}: size {got[0]} bytes, {name} says {size} "
+                                "(truncated or replaced)")
+            elif got[1] != sha:
+                problems.append(f"{out / rel}: sha256 {got[1][:16]}... does not match {name} "
+                                f"({sha[:16]}...); corrupt")
+    return problems
 
 
 # --------------------------------------------------------------------------- chains
@@ -337,14 +325,18 @@ class StoreSource:
 
 def materialize(source: Store | ChainSource, version: int, fmt: str, out: str | os.PathLike, *,
                 have: tuple[int, str | os.PathLike] | None = None,
+                expect: Mapping[str, Digest] | None = None,
                 log: Callable[[str], None] | None = None) -> str:
     """Write the full ``fmt`` directory of ``version`` to the new ``out``, verified; return how.
 
     ``source``: a ``Store`` or another ``ChainSource``. ``have``: ``(version, directory)`` of
     this format already held (a sampler's current weights): the chain is applied from it when it
-    reaches it. Any failure along that path (a gap, a corrupt or truncated delta, a hash
-    mismatch) falls back to the newest full snapshot; ``DeltaError`` only when that fails too.
-    ``out`` appears complete or not at all; ``have``'s directory is only read.
+    reaches it. Every file must match the version's manifest, and ``expect`` (``{relative path:
+    (size, sha256)}``, e.g. what the trainer announced) if given; the digests are taken as the
+    files are written, so verifying costs no second read. Any failure along the ``have`` path (a
+    gap, a corrupt or truncated delta, a hash mismatch) falls back to the newest full snapshot;
+    ``DeltaError`` only when that fails too. ``out`` appears complete or not at all; ``have``'s
+    directory is only read.
     """
     if isinstance(source, Store):
         source = StoreSource(source)
@@ -352,15 +344,15 @@ def materialize(source: Store | ChainSource, version: int, fmt: str, out: str | 
     out.parent.mkdir(parents=True, exist_ok=True)
     if have is not None:
         try:
-            return _materialize(source, version, fmt, out, have)
+            return _materialize(source, version, fmt, out, have, expect)
         except Exception as e:  # noqa: BLE001 - any failure from what we hold: try the snapshot
             if log is not None:
                 log(f"delta from v{have[0]} failed ({e}); falling back to the full snapshot")
-    return _materialize(source, version, fmt, out, None)
+    return _materialize(source, version, fmt, out, None, expect)
 
 
 def _materialize(source: ChainSource, version: int, fmt: str, out: Path,
-                 have: tuple[int, str | os.PathLike] | None) -> str:
+                 have: tuple[int, str | os.PathLike] | None, expect: Mapping[str, Digest] | None) -> str:
     start, deltas = source.chain(version, fmt, None if have is None else have[0])
     work = Path(tempfile.mkdtemp(prefix=f".{out.name}.materialize-", dir=out.parent))
     try:
@@ -369,22 +361,22 @@ def _materialize(source: ChainSource, version: int, fmt: str, out: Path,
         else:
             current = source.local_dir(start, fmt, work)
             how = f"full snapshot v{start} + {len(deltas)} delta(s)"
-        for k in deltas:
-            delta_dir = source.local_dir(k, fmt, work)
-            nxt = work / f"v{k}"
-            apply_delta(delta_dir, current, nxt)
-            for done in (current, delta_dir):
-                if done.is_relative_to(work):
-                    shutil.rmtree(done, ignore_errors=True)
-            current = nxt
         result = work / "result"
-        if current.is_relative_to(work):
-            os.replace(current, result)
+        if deltas:
+            digests = apply_chain([source.local_dir(k, fmt, work) for k in deltas], current, result)
         else:  # no delta to apply: link the snapshot's files so the result is ours to rename
-            for p in current.rglob("*"):
-                if p.is_file():
-                    _link_or_copy(p, result / p.relative_to(current))
-        problems = check_manifest(result)
+            rels = [p.relative_to(current).as_posix() for p in sorted(current.rglob("*"))
+                    if p.is_file() and p.name != MANIFEST_NAME]
+            for rel in [*rels, MANIFEST_NAME]:
+                if (current / rel).is_file():
+                    _link_or_copy(current / rel, result / rel)
+            digests = dict(zip(rels, parallel_map(lambda rel: sha256_of(result / rel), rels), strict=True))
+        if (result / MANIFEST_NAME).is_file():  # an announced manifest may list manifest.json
+            digests[MANIFEST_NAME] = sha256_of(result / MANIFEST_NAME)
+        try:
+            problems = _problems(result, read_manifest(result), digests, expect)
+        except ManifestError as e:
+            problems = [str(e)]
         if problems:
             raise DeltaError(f"v{version} {fmt} after {how}: " + "; ".join(problems[:3]))
         with contextlib.suppress(FileNotFoundError):

@@ -130,13 +130,11 @@ def materialize_weights(wv: pb.WeightVersion, cache_dir: str | os.PathLike, *, f
         _fetch_plain(wv.version, fmt, files, final, fetch_file)
         return fmt, final
     try:
-        materialize(source, wv.version, fmt, final, have=have, log=log)
+        # checked against the trainer's announcement too, not just the store's word, with the
+        # digests taken while the files are written (one pass, no second read)
+        materialize(source, wv.version, fmt, final, have=have, expect=files, log=log)
     except (DeltaError, ManifestError, StoreError) as e:
         raise WeightsError(f"version {wv.version} format {fmt}: {e}") from None
-    problems = verify_files(final, files)  # the trainer's announcement, not just the store's word
-    if problems:
-        shutil.rmtree(final, ignore_errors=True)
-        raise WeightsError(f"version {wv.version} format {fmt}: " + "; ".join(problems))
     return fmt, final
 
 
