@@ -17,7 +17,7 @@ from flax import nnx
 from convert.qwen3_config import Qwen3Config
 from trainer_jax.models.attention import attention
 from trainer_jax.models.grouped_matmul import grouped_matmul
-from trainer_jax.models.remat import remat_layer
+from trainer_jax.models.remat import check_remat, run_layers
 from trainer_jax.parallel import hooks  # no-ops unless a device mesh is active (docs/scale_out.md)
 
 Array = jax.Array
@@ -190,7 +190,8 @@ class Qwen3(nnx.Module):
     ``dtype`` is the compute dtype, ``param_dtype`` the stored one (bf16 compute over fp32
     parameters: ``dtype=bfloat16, param_dtype=float32``). ``attention_impl`` names an
     ``attention.IMPLS`` entry (``None``/``"auto"``: per platform); ``remat`` is ``"none"``,
-    ``"full"`` or a ``jax.checkpoint_policies`` name, applied per decoder layer (``remat.py``).
+    ``"full"`` or a ``jax.checkpoint_policies`` name, applied per decoder layer (``remat.py``: with
+    remat on, runs of same-structure layers are scanned).
     """
 
     def __init__(self, cfg: Qwen3Config, *, dtype=jnp.float32, param_dtype=jnp.float32,
@@ -200,7 +201,7 @@ class Qwen3(nnx.Module):
         self.config = cfg
         self.dtype = dtype
         self.remat = remat
-        remat_layer(remat)  # an unknown name fails here, not at the first step
+        check_remat(remat)  # an unknown name fails here, not at the first step
         self.embed_tokens = nnx.Embed(cfg.vocab_size, cfg.hidden_size, dtype=dtype,
                                       param_dtype=param_dtype,
                                       embedding_init=nnx.initializers.normal(0.02), rngs=rngs)
@@ -228,11 +229,9 @@ class Qwen3(nnx.Module):
             segment_ids = jnp.ones((b, t), jnp.int32)
         if positions is None:
             positions = segment_positions(segment_ids)
-        call_layer = remat_layer(self.remat)
-        x = hooks.constrain(self.embed_tokens(input_ids), ("batch", "seq", "act_embed"))
-        for layer in self.layers:
-            x = hooks.constrain(call_layer(layer, x, positions, segment_ids),
-                                ("batch", "seq", "act_embed"))
+        residual = lambda x: hooks.constrain(x, ("batch", "seq", "act_embed"))
+        x = residual(self.embed_tokens(input_ids))
+        x = run_layers(list(self.layers), x, positions, segment_ids, self.remat, residual)
         return self.norm(x)
 
     def __call__(self, input_ids: Array, *, positions: Array | None = None,

@@ -8,10 +8,11 @@ from functools import partial
 from typing import Any
 
 import jax
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from trainer_jax.parallel import hooks
-from trainer_jax.parallel.rules import ShardingRules
+from trainer_jax.parallel.rules import ShardingRules, path_str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,7 +40,19 @@ class ParallelContext:
             from trainer_jax.parallel.vocab import vocab_parallel_lse_and_logits_at
 
             return partial(vocab_parallel_lse_and_logits_at, self)
+        if name == "layer_stack":
+            return self.constrain_layer_stack
         return None
+
+    def constrain_layer_stack(self, stacked: Any) -> Any:
+        """Decoder-layer states stacked on a leading axis (the remat scan): each leaf split like
+        that parameter of one layer, the layer axis whole, so a scan step gathers one layer."""
+        def place(key_path, x):
+            spec = self.rules.param_spec("layers/0/" + path_str(key_path), x.shape[1:], self.mesh,
+                                         strict=False)
+            return jax.lax.with_sharding_constraint(x, NamedSharding(self.mesh, P(None, *spec)))
+
+        return jax.tree_util.tree_map_with_path(place, stacked)
 
     def use(self):
         """Context manager activating this context's hooks in the current thread."""

@@ -1,11 +1,12 @@
 """The two places where the model and the objective let a device mesh in.
 
 The single-device code paths (``trainer_jax.models.qwen3``, ``trainer_jax.objective.loss``) call
-``constrain`` on a few activations and ask ``override`` for the two operations whose sharded
+``constrain`` on a few activations and ask ``override`` for the operations whose sharded
 version is not what the SPMD partitioner would derive by itself (the MoE dispatch, the
-vocabulary-parallel log-sum-exp). Both are no-ops unless a ``ParallelContext`` is active, which
-``trainer_jax.parallel`` enters *inside* the functions it jits, so the hooks affect only the traces
-of sharded steps and single-device programs are unchanged.
+vocabulary-parallel log-sum-exp, the placement of the remat scan's stacked layer states). Both
+are no-ops unless a ``ParallelContext`` is active, which ``trainer_jax.parallel`` enters *inside*
+the functions it jits, so the hooks affect only the traces of sharded steps and single-device
+programs are unchanged.
 
 This module imports nothing from the project (the model imports it).
 """
@@ -39,7 +40,8 @@ def constrain(x: jax.Array, logical_axes: Sequence[str | None]) -> jax.Array:
 
 
 def override(name: str) -> Callable[..., Any] | None:
-    """The active context's replacement for operation ``name`` (``"moe"``, ``"lse_and_logits_at"``)."""
+    """The active context's replacement for operation ``name`` (``"moe"``, ``"lse_and_logits_at"``,
+    ``"layer_stack"``)."""
     hooks = _ACTIVE.get()
     return None if hooks is None else hooks.override(name)
 

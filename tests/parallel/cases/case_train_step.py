@@ -9,6 +9,8 @@ per-device parameter + optimizer memory on (2 fsdp x 4 tensor).
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import numpy as np
 import pytest
@@ -118,3 +120,14 @@ def test_param_and_optimizer_memory_per_device_is_at_most_a_sixth():
     assert q.addressable_shards[0].data.shape == (16, 8)  # [D / fsdp, H*hd / tensor]
     experts = sharded.model.layers[1].mlp.gate_proj.get_value()
     assert experts.addressable_shards[0].data.shape == (4, 16, 4)  # [E, D / fsdp, F / tensor]
+
+
+@pytest.mark.parametrize("mesh_name", ["2fsdp_4tensor", "2data_2fsdp_2expert"])
+def test_remat_scan_on_a_mesh_matches_single_device_without_remat(mesh_name, batch):
+    """Full remat scans the stacked layers (a dense layer, then a run of two MoE layers) with each
+    stacked leaf split like its parameter; the sharded step equals one device without remat."""
+    cfg = dataclasses.replace(MOE, num_hidden_layers=3)
+    ref_results, ref_state = _run(Learner(init_model(cfg, seed=1), OPT, OBJ), *batch)
+    learner = Learner(init_model(cfg, seed=1, remat="full"), OPT, OBJ, make_mesh(**MESHES[mesh_name]))
+    results, state = _run(learner, *batch)
+    _compare(results, state, ref_results, ref_state)
