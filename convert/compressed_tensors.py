@@ -176,6 +176,7 @@ class CTNVFP4(CompressedTensorsCodec):
                          "group_size": NVFP4_GROUP, "symmetric": True, "dynamic": "local"}
     serving_multiple = NVFP4Codec.serving_multiple
     serving_reason = NVFP4Codec.serving_reason
+    calibrated_inputs = True
 
     def quantize(self, w: np.ndarray, *, what: str = "tensor",
                  input_amax: float | None = None) -> dict[str, np.ndarray]:

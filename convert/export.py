@@ -116,14 +116,15 @@ def convert_tensors(tensors: Tensors, cfg: Qwen3Config, codec: Codec, *,
     """Yield the export's tensors for each source tensor (names and shapes checked).
 
     ``kv_scales`` maps layer -> (k_scale, v_scale); ``input_amax`` maps a module name to its
-    calibrated activation max (used by nvfp4's ``input_scale``); ``kept``: projections written
-    in bf16 (``shape_exclusions``).
+    calibrated activation max (used by codecs with ``calibrated_inputs``, nvfp4's
+    ``input_scale``; ignored by the others); ``kept``: projections written in bf16
+    (``shape_exclusions``).
     """
     kept = kept or {}
     for name, arr in checked_tensors(tensors, cfg):
         if is_quantized_weight(name) and codec.name != "bf16" and module_of(name) not in kept:
             kwargs = {}
-            if input_amax and module_of(name) in input_amax:
+            if codec.calibrated_inputs and input_amax and module_of(name) in input_amax:
                 kwargs["input_amax"] = input_amax[module_of(name)]
             prefix = module_of(name)
             for suffix, part in codec.quantize(arr, what=name, **kwargs).items():

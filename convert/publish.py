@@ -38,6 +38,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 from convert.atomic import atomic_directory
+from convert.calibration import Calibration
 from convert.delta import DELTA_NAME, DeltaError, encode_delta, materialize, read_step
 from convert.export import export_hf
 from convert.formats import FORMATS, get_codec
@@ -156,9 +157,10 @@ class _End:
         self.exc = exc
 
 
-def _fan_out_exports(source: Source, formats: Sequence[str], stage: Path, export_kwargs: dict,
-                     progress: PublishProgress | None) -> None:
-    """Run one export per format, each fed from a shared single pass over the source."""
+def _fan_out_exports(source: Source, formats: Sequence[str], stage: Path,
+                     export_kwargs: Mapping[str, dict], progress: PublishProgress | None) -> None:
+    """Run one export per format (``export_kwargs[format]``: its ``export_hf`` options), each
+    fed from a shared single pass over the source."""
 
     def progress_for(fmt: str):
         return None if progress is None else (lambda name, n: progress(fmt, name, n))
@@ -166,7 +168,7 @@ def _fan_out_exports(source: Source, formats: Sequence[str], stage: Path, export
     if len(formats) == 1:
         fmt = formats[0]
         export_hf(source.open(), source.hf_config, stage / fmt, fmt,
-                  progress=progress_for(fmt), **export_kwargs)
+                  progress=progress_for(fmt), **export_kwargs[fmt])
         return
 
     queues = [queue.Queue(maxsize=2) for _ in formats]
@@ -184,7 +186,7 @@ def _fan_out_exports(source: Source, formats: Sequence[str], stage: Path, export
     def work(i: int, fmt: str) -> None:
         try:
             export_hf(feed(queues[i]), source.hf_config, stage / fmt, fmt,
-                      progress=progress_for(fmt), **export_kwargs)
+                      progress=progress_for(fmt), **export_kwargs[fmt])
         except BaseException as e:  # noqa: BLE001 - re-raised by the publishing thread
             errors[i] = e
 
@@ -222,6 +224,27 @@ def _fan_out_exports(source: Source, formats: Sequence[str], stage: Path, export
             raise e
     if end.exc is not None:
         raise end.exc
+
+
+def _calibrated(common: dict, fmt: str, calibration: Calibration | None,
+                kv_cache_formats: set[str]) -> dict:
+    """``export_hf`` options of format ``fmt``: ``common`` plus what ``calibration`` sets in it
+    (and says so in its manifest); ``common`` itself when it sets nothing, so an export without
+    calibration is exactly what it was before calibration existed."""
+    if calibration is None:
+        return common
+    inputs = get_codec(fmt).calibrated_inputs and bool(calibration.input_amax)
+    kv = fmt in kv_cache_formats and bool(calibration.kv_amax)
+    if not (inputs or kv):
+        return common
+    out = dict(common)
+    if inputs:
+        out["input_amax"] = dict(calibration.input_amax)
+    if kv:
+        out["kv_scales"] = calibration.kv_scales()
+    out["metadata"] = {**common["metadata"],
+                       "calibration": calibration.record(input_scales=inputs, kv_scales=kv)}
+    return out
 
 
 def _depth(store: Store, version: int, fmt: str) -> int:
@@ -311,7 +334,9 @@ def publish(params_or_checkpoint, config: Mapping | Qwen3Config | None, out_root
             input_amax: Mapping[str, float] | None = None,
             progress: PublishProgress | None = None, delta: bool = False, full_every: int = 10,
             cache_dir: str | os.PathLike | None = None,
-            report: dict | None = None, engines: str = "serving") -> dict[str, Path | str]:
+            report: dict | None = None, engines: str = "serving",
+            calibration: Calibration | None = None,
+            kv_cache_formats: Iterable[str] = ()) -> dict[str, Path | str]:
     """Publish weights as ``out_root/v{version:08d}/{format}/``; return ``{format: path}``.
 
     ``params_or_checkpoint``: a callable returning an iterator of ``(hf_name, float array)``
@@ -323,8 +348,12 @@ def publish(params_or_checkpoint, config: Mapping | Qwen3Config | None, out_root
     (a full snapshot every ``full_every`` versions); ``cache_dir`` keeps the full exports the
     next delta is computed against (default: ``out_root/.publish-cache``, or a temp directory
     for a URL). ``report``, if given, receives ``{format: {"bytes", "full_bytes",
-    "delta_base"}}``. Raises ``FileExistsError`` if the version exists; on any error nothing of
-    the new version is visible.
+    "delta_base"}}``. ``calibration`` (``convert.calibration``): every format whose codec takes
+    calibrated inputs (nvfp4) gets its ``input_scale`` from it, and the formats in
+    ``kv_cache_formats`` (those a group runs with an FP8 e4m3 KV cache) its ``k_scale`` /
+    ``v_scale``; each export that took something records it in its manifest's ``calibration``.
+    Raises ``FileExistsError`` if the version exists; on any error nothing of the new version is
+    visible.
     """
     formats = list(dict.fromkeys(formats))
     if not formats:
@@ -338,10 +367,12 @@ def publish(params_or_checkpoint, config: Mapping | Qwen3Config | None, out_root
     store = open_store(out_root)
     if store.local is None and store.exists(name):
         raise FileExistsError(f"{store.root}/{name} already exists")
-    export_kwargs = dict(copy_files_from=tokenizer_dir or source.files_dir,
-                         max_shard_bytes=max_shard_bytes, kv_scales=kv_scales,
-                         input_amax=input_amax, metadata={"version": version},
-                         engines=engines)  # see export_hf: serving shapes, or "mixrl" only
+    common = dict(copy_files_from=tokenizer_dir or source.files_dir,
+                  max_shard_bytes=max_shard_bytes, kv_scales=kv_scales, input_amax=input_amax,
+                  metadata={"version": version},
+                  engines=engines)  # see export_hf: serving shapes, or "mixrl" only
+    export_kwargs = {fmt: _calibrated(common, fmt, calibration, set(kv_cache_formats))
+                     for fmt in formats}
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir(store)
     local_parent = store.local if store.local is not None else cache  # one publisher per root stages here
     local_parent.mkdir(parents=True, exist_ok=True)

@@ -4,7 +4,8 @@ An FP8 (e4m3) KV cache stores ``k / k_scale`` and ``v / v_scale``; SGLang and vL
 scales from ``model.layers.{i}.self_attn.k_scale`` / ``v_scale`` (float32 scalars). We run the
 sampler's PyTorch model (``sampler_torch.models``) over a calibration batch with a KV cache
 that records the max |K| (after q/k-norm and RoPE, exactly what is cached) and max |V| per layer,
-and choose ``scale = amax / 448`` so the largest calibrated entry maps to e4m3's max.
+and choose ``scale = amax / 448`` (``convert.calibration.kv_scale``) so the largest calibrated
+entry maps to e4m3's max.
 
 ``mixrl-convert --kv-calibration`` reaches this through the ``mixrl.convert`` entry point
 ``register`` (``convert`` sits below the samplers and never imports them). torch is imported
@@ -17,9 +18,7 @@ import os
 
 import numpy as np
 
-from convert.formats.numerics import E4M3_MAX
-
-MIN_SCALE = 1e-6  # a layer whose K or V is all zero on the batch still gets a usable scale
+from convert.calibration import kv_scale
 
 
 def calibrate_kv_scales(model_or_dir, input_ids, *, dtype=None) -> dict[int, tuple[float, float]]:
@@ -60,8 +59,7 @@ def calibrate_kv_scales(model_or_dir, input_ids, *, dtype=None) -> dict[int, tup
         model(ids.to(param.device), cache=cache)
     if not np.isfinite(cache.amax).all():
         raise ValueError("calibration produced NaN/Inf keys or values")
-    return {i: (max(float(k) / E4M3_MAX, MIN_SCALE), max(float(v) / E4M3_MAX, MIN_SCALE))
-            for i, (k, v) in enumerate(cache.amax)}
+    return {i: (kv_scale(float(k)), kv_scale(float(v))) for i, (k, v) in enumerate(cache.amax)}
 
 
 def register() -> None:

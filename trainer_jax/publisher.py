@@ -4,6 +4,13 @@ The training thread hands over a host snapshot of the parameters (the only work 
 publish is still running when the next one is requested, the older pending request is dropped, so
 a slow disk delays samplers' weights, never the learner. The formats are asked for at every
 publish, so a group that joins asking for a new format gets it from the next version on.
+
+With a ``calibrator`` (``trainer_jax.calibration``; ``train.weights.calibrate``) each request
+first calibrates activation and K/V maxima on recent trajectories, in the caller's thread (the
+weights the forward sees are the snapshot's), when a format needs them: nvfp4 (``input_scale``)
+or one that a group loads with an FP8 e4m3 KV cache (``kv_cache_formats``, ``k_scale`` /
+``v_scale``). A calibration that fails is reported in ``errors`` and that version is published
+without it.
 """
 
 from __future__ import annotations
@@ -14,6 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
+from convert.calibration import Calibration
+from convert.formats import get_codec
 from convert.publish import default_cache_dir, publish
 from convert.store import open_store
 from trainer_jax.models import Qwen3, iter_hf_tensors
@@ -37,12 +46,15 @@ class Publisher:
 
     def __init__(self, out_root: Path | str, config: dict, formats: Callable[[], list[str]],
                  tokenizer_dir: Path, keep_last: int, on_published: Callable[[int, dict[str, Path]], None], *,
-                 delta: bool = False, full_every: int = 10, engines: Callable[[], str] = lambda: "serving"):
+                 delta: bool = False, full_every: int = 10, engines: Callable[[], str] = lambda: "serving",
+                 calibrator: Callable[[int], Calibration | None] | None = None,
+                 kv_cache_formats: Callable[[], list[str]] = list):
         self.store = open_store(out_root)
         self.out_root, self.config, self.formats = out_root, config, formats
         self.tokenizer_dir, self.keep_last, self.on_published = tokenizer_dir, keep_last, on_published
         self.delta, self.full_every = delta, full_every
         self.engines = engines  # which loaders the exports must suit (convert.export_hf ``engines``)
+        self.calibrator, self.kv_cache_formats = calibrator, kv_cache_formats
         # An object store's versions are staged locally; the full exports kept there are the
         # next deltas' bases and the directories samplers start from.
         self.cache_dir = None if self.store.local is not None else default_cache_dir(self.store)
@@ -55,8 +67,26 @@ class Publisher:
         self._thread = threading.Thread(target=self._run, name="mixrl-publisher", daemon=True)
         self._thread.start()
 
+    def calibrate(self, version: int) -> tuple[Calibration | None, list[str]]:
+        """The calibration of ``version`` and the formats that take its K/V scales; ``None``
+        without a calibrator, when no format needs one, or when it failed (in ``errors``)."""
+        kv = self.kv_cache_formats()
+        if self.calibrator is None or not (kv or any(get_codec(f).calibrated_inputs
+                                                     for f in self.formats())):
+            return None, kv
+        try:
+            return self.calibrator(version), kv
+        except (ValueError, FloatingPointError) as e:  # e.g. NaN activations: publish without
+            self.errors.append(f"v{version}: calibration: {type(e).__name__}: {e}")
+            return None, kv
+
     def publish_now(self, version: int, tensors: dict) -> dict[str, Path]:
-        """Publish ``version``; return ``{format: local directory}`` (a full one for the first)."""
+        """Calibrate (in this thread) and publish ``version``; return ``{format: local
+        directory}`` (a full one for the first)."""
+        return self._publish(version, tensors, *self.calibrate(version))
+
+    def _publish(self, version: int, tensors: dict, calibration: Calibration | None,
+                 kv_formats: list[str]) -> dict[str, Path]:
         first = not self.published
         remote = self.cache_dir is not None
         report: dict = {}
@@ -64,7 +94,8 @@ class Publisher:
         paths = publish(tensors, self.config, self.out_root, version, self.formats(),
                         keep_last=self.keep_last, tokenizer_dir=self.tokenizer_dir,
                         delta=self.delta or remote, full_every=full_every, cache_dir=self.cache_dir,
-                        report=report, engines=self.engines())
+                        report=report, engines=self.engines(), calibration=calibration,
+                        kv_cache_formats=kv_formats)
         self.published.append(version)
         self.reports.append((version, report))
         self.on_published(version, paths)
@@ -87,8 +118,10 @@ class Publisher:
                 f"({100 * written / max(full, 1):.1f} % of {full / 1e6:.1f} MB in full exports; "
                 f"{deltas} format-versions as deltas); per version: {parts}")
     def request(self, version: int, tensors: dict) -> None:
+        """Publish ``version`` in the background (calibrated here, in the caller's thread)."""
+        calibration = self.calibrate(version)
         with self._cond:
-            self._pending = (version, tensors)
+            self._pending = (version, tensors, *calibration)
             self._cond.notify()
 
     def _run(self) -> None:
@@ -98,10 +131,10 @@ class Publisher:
                     self._cond.wait()
                 if self._pending is None:  # stopping, nothing left to publish
                     return
-                version, tensors = self._pending
+                version, tensors, calibration, kv_formats = self._pending
                 self._pending = None
             try:
-                self.publish_now(version, tensors)
+                self._publish(version, tensors, calibration, kv_formats)
             except Exception as e:  # keep training; samplers keep the previous version
                 self.errors.append(f"v{version}: {type(e).__name__}: {e}")
 

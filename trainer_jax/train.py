@@ -29,6 +29,7 @@ from rich.console import Console
 from convert.tokenizer import char_tokenizer, load_tokenizer, save_tokenizer_files, special_token_ids
 from mixrl_wire.recipes import BACKENDS
 from trainer_jax.batching import Sample, pack
+from trainer_jax.calibration import Calibrator, fp8_kv_formats, group_kv_pairs
 from trainer_jax.checkpoint import Checkpointer
 from trainer_jax.config import RunConfig
 from trainer_jax.diagnostics import CollapseAlarms, MetricsSink, alarm_settle_steps, plot_run
@@ -269,10 +270,18 @@ class Trainer:
         self._warm_start()
         self._start_service()
         wcfg = cfg.train.weights
+        # Calibrated scales (trainer_jax.calibration): on recent trajectories, on upcoming task
+        # prompts before the first one.
+        self.calibrator = Calibrator(self.model, wcfg.calibration_tokens,
+                                     kv_floor=wcfg.kv_scale_floor, prompts=lambda: [
+            self.source.spec(self.source.cursor + i).prompt_ids for i in range(16)]) \
+            if wcfg.calibrate else None
         self.publisher = Publisher(wcfg.root or self.run_dir / "weights", self.qcfg.to_hf_dict(),
                                    self.weight_formats, self.tokenizer_dir, cfg.train.keep_versions,
                                    self._on_published, delta=wcfg.delta, full_every=wcfg.full_every,
-                                   engines=self.export_engines)
+                                   engines=self.export_engines, calibrator=self.calibrator,
+                                   kv_cache_formats=lambda: fp8_kv_formats(group_kv_pairs(
+                                       cfg.groups, self.service.status()["samplers"])))
         version = int(self.meta["version"])
         if self.resume:
             # Past every version ever published here, so no sampler takes the new weights for
@@ -328,6 +337,8 @@ class Trainer:
                           if self.sync else self._take(cfg.train.prompts_per_step))
                 t1 = time.perf_counter()
                 inputs, batch, samples, taken, rewards = self._batch(groups)
+                if self.calibrator:  # the next publish calibrates on the newest trained samples
+                    self.calibrator.observe(samples[i].token_ids for i in taken)
                 if self.sync:  # what did not fit is of this version: never train it later
                     self.carry_dropped, self.carry = self.carry_dropped + len(self.carry), []
                 self._save_trajectories(samples, taken)

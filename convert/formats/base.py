@@ -147,6 +147,8 @@ class Codec(abc.ABC):
     serving_multiple: tuple[int, int] = (1, 1)
     #: why, for the one-line refusal (the kernels that need it)
     serving_reason: str = ""
+    #: ``quantize`` takes ``input_amax`` (a calibrated activation max) for a static input scale
+    calibrated_inputs: bool = False
 
     def serving_rule(self, shape: tuple[int, ...]) -> str | None:
         """The rule a ``[out, in]`` weight breaks for the serving kernels, or ``None``."""

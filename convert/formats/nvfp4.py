@@ -70,6 +70,7 @@ class NVFP4Codec(Codec):
     parts = ("weight", "weight_scale", "weight_scale_2", "input_scale")
     serving_multiple = (1, GROUP)
     serving_reason = "the NVFP4 GEMMs of vLLM/SGLang (CUTLASS, FlashInfer) take whole 16-groups"
+    calibrated_inputs = True
 
     def quantize(self, w: np.ndarray, *, what: str = "tensor",
                  input_amax: float | None = None) -> dict[str, np.ndarray]:

@@ -59,12 +59,23 @@ class WeightsConfig(_Strict):
 
     ``root``: a directory or an fsspec URL (``s3://bucket/prefix``) every sampler reads; None:
     ``<run dir>/weights``. ``delta``: write each format as a delta against its previous version
-    (``convert.delta``), a full snapshot every ``full_every`` versions.
+    (``convert.delta``), a full snapshot every ``full_every`` versions. ``calibrate``: before each
+    publish, measure activation and K/V maxima with the policy on ``calibration_tokens`` tokens of
+    recent trajectories and write the scales they give (nvfp4 ``input_scale``, FP8 KV
+    ``k_scale``/``v_scale`` of the formats groups load with an fp8_e4m3 KV cache, at least
+    ``kv_scale_floor``; ``trainer_jax.calibration``); false: those exports keep the uncalibrated
+    1.0.
     """
 
     root: str | None = None
     delta: bool = True
     full_every: int = Field(10, gt=0)
+    calibrate: bool = True
+    # A few hundred tokens: enough for the maxima to settle, one short forward per version.
+    calibration_tokens: int = Field(256, ge=16, le=65_536)
+    # FP8 KV scales are max(amax / 448, kv_scale_floor): 1.0 is ModelOpt's export rule (the scale
+    # only guards against overflow); 0 uses amax / 448 as is (convert/README.md has the measurement).
+    kv_scale_floor: float = Field(1.0, ge=0, allow_inf_nan=False)
 
     @field_validator("root")
     @classmethod

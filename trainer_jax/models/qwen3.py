@@ -15,6 +15,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from convert.qwen3_config import Qwen3Config
+from trainer_jax.models import capture  # no-ops unless calibrating (trainer_jax.calibration)
 from trainer_jax.models.attention import attention
 from trainer_jax.models.grouped_matmul import grouped_matmul
 from trainer_jax.models.remat import check_remat, run_layers
@@ -86,6 +87,7 @@ class Attention(nnx.Module):
     def __call__(self, x: Array, positions: Array, segment_ids: Array) -> Array:
         b, t, _ = x.shape
         k_heads, hd = self.num_kv_heads, self.head_dim
+        capture.amax("self_attn.qkv", x)
         q = self.q_norm(self.q_proj(x).reshape(b, t, self.num_heads, hd))
         k = self.k_norm(self.k_proj(x).reshape(b, t, k_heads, hd))
         v = self.v_proj(x).reshape(b, t, k_heads, hd)
@@ -94,8 +96,11 @@ class Attention(nnx.Module):
         v = hooks.constrain(v, ("batch", "seq", "kv_heads", None))
         cos, sin = rope_cos_sin(positions, hd, self.rope_theta)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        out = attention(q, k, v, segment_ids, impl=self.attention_impl)
-        return self.o_proj(out.reshape(b, t, self.num_heads * hd))
+        capture.amax("self_attn.k", k)  # what a KV cache stores: K after norm and RoPE, and V
+        capture.amax("self_attn.v", v)
+        out = attention(q, k, v, segment_ids, impl=self.attention_impl).reshape(b, t, self.num_heads * hd)
+        capture.amax("self_attn.o", out)
+        return self.o_proj(out)
 
 
 class MLP(nnx.Module):
@@ -107,7 +112,9 @@ class MLP(nnx.Module):
         self.down_proj = _linear(f, d, dtype, param_dtype, rngs)
 
     def __call__(self, x: Array) -> Array:
+        capture.amax("mlp.gate_up", x)
         hidden = hooks.constrain(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x), ("batch", "seq", "mlp"))
+        capture.amax("mlp.down", hidden)
         return self.down_proj(hidden)
 
 
@@ -148,7 +155,9 @@ class MoE(nnx.Module):
             return grouped_matmul(inputs, param.get_value().astype(self.dtype), group_sizes,
                                   impl=self.moe_impl).astype(self.dtype)
 
+        capture.grouped_amax("mlp.experts.gate_up", xs, group_sizes)
         hidden = jax.nn.silu(experts_matmul(xs, self.gate_proj)) * experts_matmul(xs, self.up_proj)
+        capture.grouped_amax("mlp.experts.down", hidden, group_sizes)
         return experts_matmul(hidden, self.down_proj)
 
     def __call__(self, x: Array) -> Array:
