@@ -80,6 +80,9 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(1)
+    if "eval_start" not in summary:  # a process other than 0 of a multi-process run
+        console.print(f"process {summary['process']}: trained {summary['steps']} steps with process 0")
+        return 0
     table = Table(title=f"{cfg.run.name}: {summary['steps']} steps")
     table.add_column("")
     keys = sorted(set(summary["eval_start"]) | set(summary["eval_end"]))

@@ -25,12 +25,17 @@ from convert.calibration import Calibration
 from convert.formats import get_codec
 from convert.publish import default_cache_dir, publish
 from convert.store import open_store
-from trainer_jax.models import Qwen3, iter_hf_tensors
+from trainer_jax.models import Qwen3
+from trainer_jax.parallel.publish import iter_gathered_hf_tensors
 
 
 def snapshot(model: Qwen3) -> dict[str, np.ndarray]:
-    """The model's parameters as HF-named host arrays (what a publish writes)."""
-    return dict(iter_hf_tensors(model))
+    """The model's parameters as HF-named host arrays (what a publish writes).
+
+    With several processes each parameter is gathered (a collective every process must join,
+    in the same order); process 0 keeps the arrays, the others may drop them.
+    """
+    return dict(sorted(iter_gathered_hf_tensors(model)))
 
 
 class Publisher:

@@ -9,6 +9,7 @@ policy that sometimes succeeds, which is where the RL phase starts.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import optax
@@ -28,8 +29,13 @@ def _sft_step(model, optimizer, inputs, targets, mask):
 
 
 def warm_start(model: Qwen3, envs: Sequence, cfg: SFTConfig, rng: np.random.Generator,
-               on_step: Callable[[int, float], None] | None = None) -> list[float]:
-    """Train ``model`` in place on demonstrations drawn evenly from ``envs``; return the losses."""
+               on_step: Callable[[int, float], None] | None = None,
+               share: Callable[[Any], Any] = lambda batch: batch) -> list[float]:
+    """Train ``model`` in place on demonstrations drawn evenly from ``envs``; return the losses.
+
+    ``share``: with several processes, makes every process train on process 0's batch
+    (``Lockstep.share``), whatever its own draw gave.
+    """
     schedule = optax.warmup_cosine_decay_schedule(0.0, cfg.learning_rate, max(cfg.warmup_steps, 1),
                                                   max(cfg.steps, cfg.warmup_steps + 1))
     optimizer = nnx.Optimizer(model, optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule)),
@@ -44,6 +50,7 @@ def warm_start(model: Qwen3, envs: Sequence, cfg: SFTConfig, rng: np.random.Gene
                                                       max_tokens=cfg.max_tokens)
         if count == 0:
             raise ValueError("no demonstration fits sft.rows x sft.row_len / sft.max_tokens")
+        inputs, targets, mask = share((inputs, targets, mask))
         losses.append(float(_sft_step(model, optimizer, inputs, targets, mask)))
         if on_step is not None:
             on_step(step, losses[-1])

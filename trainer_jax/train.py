@@ -11,6 +11,10 @@ the next step never waits for a publish; samplers reload in flight. Evaluation r
 fleet (``trainer_jax.evaluation``). Checkpoints (orbax) hold the learner and the loop state;
 ``--resume`` continues from the last one with fresh tasks (the task cursor is part of the
 checkpoint). This process imports neither torch nor the sampler package.
+
+With several JAX processes (``distributed:``), process 0 runs all of the above and announces each
+collective (step, publish, checkpoint, stop) to the others (``trainer_jax.parallel.lockstep``),
+which run the same collectives on the batch it broadcasts and talk to nothing else.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from trainer_jax.evaluation import FleetEvaluator
 from trainer_jax.faults import during, fault_point
 from trainer_jax.learner import Learner
 from trainer_jax.objective import compute_advantages, reduce_metrics
+from trainer_jax.parallel.lockstep import CHECKPOINT, PUBLISH, STEP, STOP, Lockstep, Order
 from trainer_jax.parallel.mesh import describe, make_mesh
 from trainer_jax.parallel.rules import ShardingRules
 from trainer_jax.policy import build_policy
@@ -74,14 +79,18 @@ def set_aside_previous_run(run_dir: Path) -> Path | None:
 
 
 class Trainer:
-    def __init__(self, cfg: RunConfig, *, resume: bool = False, console: Console | None = None):
+    def __init__(self, cfg: RunConfig, *, resume: bool = False, console: Console | None = None,
+                 lockstep: Lockstep | None = None):
         self.cfg = cfg
         self.console = console or Console()
+        self.lockstep = lockstep or Lockstep()
+        self.leader = self.lockstep.leader  # process 0: the service, samplers, files, metrics
         self.run_dir = Path(cfg.run.dir).absolute()
-        if not resume and (aside := set_aside_previous_run(self.run_dir)) is not None:
-            self.console.print(f"an earlier run in {self.run_dir} was moved to {aside} "
-                               "(--resume continues a run instead)")
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        if self.leader:
+            if not resume and (aside := set_aside_previous_run(self.run_dir)) is not None:
+                self.console.print(f"an earlier run in {self.run_dir} was moved to {aside} "
+                                   "(--resume continues a run instead)")
+            self.run_dir.mkdir(parents=True, exist_ok=True)
         self.resume = resume
         self.group_names = [g.name for g in cfg.groups]
         self.samplers = LocalSamplers(cfg, self.run_dir)
@@ -93,9 +102,14 @@ class Trainer:
 
     def _setup(self) -> None:
         cfg, run = self.cfg, self.run_dir
+        if self.lockstep.multi:  # the others open the run directory once process 0 has set it up
+            from jax.experimental import multihost_utils
+
+            multihost_utils.sync_global_devices("mixrl-train: run directory ready")
         self.tokenizer = load_tokenizer(cfg.model.hf_dir) if cfg.model.hf_dir else char_tokenizer()
         self.tokenizer_dir = run / "tokenizer"
-        save_tokenizer_files(self.tokenizer, self.tokenizer_dir)  # the source's files, unchanged
+        if self.leader:
+            save_tokenizer_files(self.tokenizer, self.tokenizer_dir)  # the source's files, unchanged
         self.mesh = make_mesh(cfg.mesh)
         self.model, self.qcfg = build_policy(cfg, self.tokenizer.get_vocab_size(),
                                              special_token_ids(self.tokenizer), self.mesh)
@@ -104,7 +118,8 @@ class Trainer:
                                ShardingRules.for_model(self.qcfg, cfg.mesh.rules),
                                micro_rows=cfg.train.micro_rows)
         self.console.print(f"learner on mesh {describe(self.mesh)} ({self.mesh.size} devices, "
-                           f"{jax.devices()[0].platform})")
+                           f"{jax.devices()[0].platform}, process {self.lockstep.index} of "
+                           f"{self.lockstep.count})")
         self.checkpointer = Checkpointer(
             run / "checkpoints", keep_last=cfg.train.keep_checkpoints,
             log=lambda line: self.console.print(f"[yellow]{line}[/yellow]", soft_wrap=True))
@@ -116,6 +131,12 @@ class Trainer:
             step, version = self.meta["step"], self.meta["version"]
             self.console.print(f"resumed from step {step} (checkpoint {self.checkpointer.step_dir(step)}, "
                                f"weights v{version})", soft_wrap=True)
+        # The warm start's demonstrations come from the evaluation source (every process).
+        self.eval_source = build_task_source(cfg.tasks, tokenizer=self.tokenizer, seed=cfg.train.eval_seed,
+                                             prefix="eval", evaluation=True)
+        if not self.leader:
+            self.sink = None
+            return
         if self.resume:  # steps after the checkpoint are trained again: their records go aside
             if moved := trim_metrics(run, self.meta["step"] if self.restored else None):
                 self.console.print(f"{moved} metric records after the restored step moved to "
@@ -126,8 +147,6 @@ class Trainer:
         self.source.cursor = int(self.meta["task_cursor"])
         # train.sync: the service sees the source through a version gate (trainer_jax.sync).
         self.sync = SyncTasks(self.source, cfg.train.prompts_per_step) if cfg.train.sync else None
-        self.eval_source = build_task_source(cfg.tasks, tokenizer=self.tokenizer, seed=cfg.train.eval_seed,
-                                             prefix="eval", evaluation=True)
 
     def _warm_start(self) -> None:
         cfg = self.cfg
@@ -137,11 +156,13 @@ class Trainer:
             def on_step(step, loss):
                 status.update(f"[bold]supervised warm start[/bold] step {step + 1}/{cfg.sft.steps} "
                               f"loss {loss:.3f}")
-                if step % 10 == 0 or step == cfg.sft.steps - 1:
+                if self.sink is not None and (step % 10 == 0 or step == cfg.sft.steps - 1):
                     self.sink.write(step - cfg.sft.steps, {"sft/loss": loss})
 
+            # Every process draws the same demonstrations; process 0's are the ones trained on.
             losses = warm_start(self.model, self.eval_source.envs, cfg.sft,
-                                np.random.default_rng(cfg.run.seed), on_step=on_step)
+                                np.random.default_rng(cfg.run.seed), on_step=on_step,
+                                share=self.lockstep.share)
         self.meta["sft_done"] = True
         self.console.print(f"warm start: {len(losses)} steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}")
 
@@ -214,16 +235,65 @@ class Trainer:
                     continue
                 samples.append(sample)
                 sample_adv.append(ai)
-        inputs, batch, taken = pack(
-            samples, np.asarray(sample_adv, np.float32), rows=cfg.train.rows, row_len=cfg.train.row_len,
-            max_tokens=cfg.train.max_tokens, head_k=cfg.tasks.sampling.head_k, support_k=cfg.train.support_k,
-            temperature=cfg.tasks.sampling.temperature, trainer_version=self.meta["version"],
-            max_staleness=cfg.train.max_staleness)
+        inputs, batch, taken = self._pack(samples, np.asarray(sample_adv, np.float32))
         left = sorted(set(range(len(samples))) - set(taken))
         budget = cfg.train.prompts_per_step * cfg.tasks.group_size
         self.carry = [(samples[i], sample_adv[i]) for i in left][:budget]
         self.carry_dropped += max(0, len(left) - budget)
         return inputs, batch, samples, taken, rewards
+
+    def _pack(self, samples: list[Sample], advantages: np.ndarray) -> tuple:
+        cfg = self.cfg
+        return pack(samples, advantages, rows=cfg.train.rows, row_len=cfg.train.row_len,
+                    max_tokens=cfg.train.max_tokens, head_k=cfg.tasks.sampling.head_k,
+                    support_k=cfg.train.support_k, temperature=cfg.tasks.sampling.temperature,
+                    trainer_version=self.meta["version"], max_staleness=cfg.train.max_staleness)
+
+    # ------------------------------------------------------------------ collectives (every process)
+
+    def _order(self, command: str, failed: bool = False) -> None:
+        self.lockstep.announce(Order(command, int(self.meta["step"]), int(self.meta["version"]), failed))
+
+    def _snapshot(self) -> dict[str, np.ndarray]:
+        """The parameters as host arrays for a publish (a gather every process joins)."""
+        self._order(PUBLISH)
+        return snapshot(self.model)
+
+    def _train_step(self, inputs, batch):
+        self._order(STEP)
+        inputs, batch = self.lockstep.share((inputs, batch))
+        return self.learner.step(inputs, batch)
+
+    def _save_checkpoint(self) -> None:
+        if self.leader:
+            self.meta["task_cursor"] = int(self.source.cursor)
+            self._order(CHECKPOINT)
+        self.checkpointer.save(self.meta["step"], self.model, self.learner.optimizer, self.meta)
+
+    def _follow(self) -> dict:
+        """Processes other than 0: run process 0's collectives until it says stop."""
+        self.console.print(f"process {self.lockstep.index}: following process 0's orders")
+        empty = self._pack([], np.zeros(0, np.float32))[:2]  # the batch shapes, for the broadcast
+        try:
+            while True:
+                order = self.lockstep.next_order()
+                self.meta.update(step=order.step, version=order.version)
+                if order.command == STEP:
+                    self.learner.step(*self.lockstep.share(empty))
+                elif order.command == PUBLISH:
+                    snapshot(self.model)  # this process's part of the gathers; process 0 writes
+                elif order.command == CHECKPOINT:
+                    self._save_checkpoint()
+                elif order.command == STOP:
+                    if order.failed:
+                        raise RuntimeError("process 0 stopped on an error (its output says which)")
+                    return {"run_dir": str(self.run_dir), "process": self.lockstep.index,
+                            "steps": order.step}
+                else:
+                    raise RuntimeError(f"unknown order {order.command!r} from process 0")
+        finally:
+            self.checkpointer.close()
+            self.lockstep.finish()
 
     def _step_metrics(self, groups, samples, taken, rewards, result, wait_s, step_s) -> dict:
         values: dict[str, float] = {"loss": result.loss, "grad_norm": result.grad_norm,
@@ -268,6 +338,8 @@ class Trainer:
         cfg = self.cfg
         self._setup()
         self._warm_start()
+        if not self.leader:
+            return self._follow()
         self._start_service()
         wcfg = cfg.train.weights
         # Calibrated scales (trainer_jax.calibration): on recent trajectories, on upcoming task
@@ -292,14 +364,16 @@ class Trainer:
                 self.console.print(f"weights v{discarded[0]}..v{discarded[-1]} were published after the "
                                    "restored checkpoint: moved to weights/discarded/", soft_wrap=True)
         self.meta["version"] = version
-        paths = self.publisher.publish_now(version, snapshot(self.model))
-        if self.sync:
-            self.sync.release(version)
         summary = {"run_dir": str(self.run_dir), "formats": self.weight_formats(),
                     "mesh": {a: int(self.mesh.shape[a]) for a in ("data", "fsdp", "expert", "tensor")},
-                    "devices": int(self.mesh.size)}
+                    "devices": int(self.mesh.size), "processes": self.lockstep.count}
         history = self.meta["history"]
+        failed, started = True, False
         try:
+            paths = self.publisher.publish_now(version, self._snapshot())
+            started = True  # from here on a stop leaves a checkpoint
+            if self.sync:
+                self.sync.release(version)
             self._start_samplers(paths)
             if not self.resume or "eval_start" not in history:
                 history["eval_start"] = self.evaluate("start")
@@ -309,13 +383,19 @@ class Trainer:
             self.console.print(self.publisher.bytes_summary())
             history["eval_end"] = self.evaluate("end")
             self.sink.write(self.meta["step"], history["eval_end"])
+            failed = False
         finally:
             self.samplers.stop()
             self.publisher.close()
             self.service.stop()
-            self._save_checkpoint()
-            self.sink.close()
-            self.checkpointer.close()
+            try:
+                if started:
+                    self._save_checkpoint()
+            finally:
+                self._order(STOP, failed)
+                self.lockstep.finish()
+                self.sink.close()
+                self.checkpointer.close()
         plots = plot_run(self.run_dir)
         summary.update(steps=self.meta["step"], eval_start=history.get("eval_start", {}),
                        eval_end=history.get("eval_end", {}), publish_errors=self.publisher.errors,
@@ -323,10 +403,6 @@ class Trainer:
                        plots=[str(p) for p in plots])
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         return summary
-
-    def _save_checkpoint(self) -> None:
-        self.meta["task_cursor"] = int(self.source.cursor)
-        self.checkpointer.save(self.meta["step"], self.model, self.learner.optimizer, self.meta)
 
     def _loop(self) -> None:
         cfg = self.cfg
@@ -343,7 +419,7 @@ class Trainer:
                     self.carry_dropped, self.carry = self.carry_dropped + len(self.carry), []
                 self._save_trajectories(samples, taken)
                 fault_point("learner_step")
-                result = self.learner.step(inputs, batch)
+                result = self._train_step(inputs, batch)
                 t2 = time.perf_counter()
                 self.meta["step"] += 1
                 step = self.meta["step"]
@@ -351,12 +427,12 @@ class Trainer:
                 values.update(self.source.metrics(groups))
                 if self.sync:  # the next step's tasks wait for this version, announced
                     self.meta["version"] += 1
-                    self.publisher.publish_now(self.meta["version"], snapshot(self.model))
+                    self.publisher.publish_now(self.meta["version"], self._snapshot())
                     self.sync.release(self.meta["version"])
                     values["sync/dropped_groups_total"] = self.sync.dropped_groups
                 elif step % cfg.train.publish_every == 0:
                     self.meta["version"] += 1
-                    self.publisher.request(self.meta["version"], during("publish", snapshot(self.model)))
+                    self.publisher.request(self.meta["version"], during("publish", self._snapshot()))
                 if failure := storage_failure(self.publisher.errors):
                     raise StorageError(f"weights publication failed, stopping: {failure}")
                 if cfg.train.eval_every and step % cfg.train.eval_every == 0 and step < cfg.run.steps:
@@ -409,12 +485,12 @@ class Trainer:
 def train(cfg: RunConfig, *, resume: bool = False, console: Console | None = None) -> dict:
     from trainer_jax.parallel.distributed import init_distributed
 
-    info = init_distributed(cfg.distributed)  # before anything touches a device
-    if info.process_count > 1:
-        # Every process would start its own rollout service and samplers: refuse clearly.
-        raise RuntimeError(f"mixrl-train runs as one process per job for now, got {info.process_count} "
-                           "JAX processes; train on one host's devices (docs/scale_out.md)")
-    return Trainer(cfg, resume=resume, console=console).run()
+    init_distributed(cfg.distributed)  # before anything touches a device
+    lockstep = Lockstep(cfg.distributed.heartbeat_timeout_s)
+    trainer = Trainer(cfg, resume=resume, console=console, lockstep=lockstep)
+    if lockstep.watch is not None and lockstep.leader:  # a lost peer: take the samplers down too
+        lockstep.watch.on_lost.append(lambda _line: trainer.samplers.stop(grace_s=2.0))
+    return trainer.run()
 
 
 __all__ = ["Trainer", "build_policy", "set_aside_previous_run", "train"]

@@ -38,7 +38,8 @@ def test_resolve(cfg, env, want, reason):
     if want is None:
         assert kwargs is None
     else:
-        assert kwargs == {**want, "initialization_timeout": cfg.initialization_timeout_s}
+        assert kwargs == {**want, "initialization_timeout": cfg.initialization_timeout_s,
+                          "heartbeat_timeout_seconds": max(100, 2 * cfg.heartbeat_timeout_s + 10)}
 
 
 def test_bad_values_are_named():

@@ -65,6 +65,9 @@ class DistributedConfig(_Strict):
     process_id: int | None = Field(None, ge=0)
     local_device_ids: list[int] | None = None
     initialization_timeout_s: int = Field(300, gt=0)
+    #: a process silent this long is named and the others exit non-zero (``parallel.lockstep``);
+    #: JAX's own heartbeat gets max(100, twice this + 10) s, so the named line comes first.
+    heartbeat_timeout_s: int = Field(30, ge=2)
 
     @model_validator(mode="after")
     def _consistent(self) -> DistributedConfig:

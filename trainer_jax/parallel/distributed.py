@@ -86,6 +86,7 @@ def resolve(cfg: DistributedConfig, env: Mapping[str, str]) -> tuple[dict[str, A
         raise ValueError(f"process_id {fields['process_id']} is outside [0, {fields['num_processes']})")
     kwargs = {k: v for k, v in fields.items() if v is not None}
     kwargs["initialization_timeout"] = cfg.initialization_timeout_s
+    kwargs["heartbeat_timeout_seconds"] = max(100, 2 * cfg.heartbeat_timeout_s + 10)
     if cfg.mode == "on":
         return kwargs, "distributed.mode=on"
     if fields["coordinator_address"] is not None or fields["num_processes"] is not None:

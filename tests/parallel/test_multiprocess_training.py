@@ -1,0 +1,135 @@
+"""`mixrl-train` as two JAX processes (4 CPU devices each, a coordinator on localhost).
+
+Process 0 hosts the rollout service and two real sampler processes; process 1 only trains, on
+the batches process 0 broadcasts. The run checkpoints (both processes write their shards),
+resumes as one process on another mesh, and a killed process is named by the survivor.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parent.parent.parent
+CONFIG = """
+run: {name: two-processes, seed: 0, steps: 2}
+model: {hidden_size: 32, intermediate_size: 64, num_hidden_layers: 1, num_attention_heads: 4,
+        num_key_value_heads: 2, head_dim: 8}
+sft: {steps: 2, sequences_per_step: 8, rows: 4, row_len: 64, max_tokens: 128}
+tasks:
+  env: arithmetic
+  group_size: 2
+  sampling: {temperature: 1.0, head_k: 4, max_new_tokens: 6}
+service: {listen: "127.0.0.1:0"}
+groups:
+  - {name: bf16, recipe: bf16, capacity: 2}
+  - {name: int8, recipe: int8, capacity: 2}
+train: {prompts_per_step: 2, publish_every: 1, checkpoint_every: 2, eval_every: 0, eval_tasks: 0,
+        rows: 4, row_len: 32, max_tokens: 64, support_k: 4, episode_tokens: 32, take_timeout_s: 240}
+mesh: {data: 2, fsdp: 2, tensor: 2}
+distributed: {heartbeat_timeout_s: 20, initialization_timeout_s: 120}
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env(devices: int, **extra: str) -> dict[str, str]:
+    return {**os.environ, "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "2",
+            "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}", **extra}
+
+
+def _start_pair(cfg: Path, run_dir: Path, *args: str) -> list[subprocess.Popen]:
+    port = _free_port()
+    procs = []
+    for rank in range(2):
+        env = _env(4, MIXRL_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", MIXRL_NUM_PROCESSES="2",
+                   MIXRL_PROCESS_ID=str(rank))
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "trainer_jax.cli", "--config", str(cfg), "--run-dir", str(run_dir), *args],
+            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    return procs
+
+
+def _finish(procs: list[subprocess.Popen], timeout: float) -> list[str]:
+    outputs = []
+    try:
+        for proc in procs:
+            outputs.append(proc.communicate(timeout=timeout)[0])
+    finally:
+        for proc in procs:
+            proc.kill()
+    return outputs
+
+
+@pytest.mark.timeout(1500)
+def test_two_processes_train_checkpoint_and_resume_as_one(tmp_path):
+    cfg = tmp_path / "two.yaml"
+    cfg.write_text(CONFIG)
+    run_dir = tmp_path / "run"
+    procs = _start_pair(cfg, run_dir)
+    outputs = _finish(procs, timeout=900)
+    for rank, (proc, out) in enumerate(zip(procs, outputs, strict=True)):
+        assert proc.returncode == 0, f"process {rank}:\n{out[-5000:]}"
+    assert "following process 0" in outputs[1]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert (summary["processes"], summary["devices"], summary["steps"]) == (2, 8, 2)
+    assert summary["mesh"] == {"data": 2, "fsdp": 2, "expert": 1, "tensor": 2}
+    # Both processes wrote their shards of the step-2 checkpoint.
+    shards = {p.name for p in (run_dir / "checkpoints" / "2").rglob("ocdbt.process_*")}
+    assert {"ocdbt.process_0", "ocdbt.process_1"} <= shards, sorted(shards)
+    # Only process 0 talked to the service: the samplers trained on are its two groups' processes.
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if r["step"] > 0 and "loss" in r]
+    assert [r["step"] for r in steps] == [1, 2] and all(r["samples_trained"] > 0 for r in steps)
+
+    # Resume as one process on another mesh (8 devices, 4 fsdp x 2 tensor).
+    out = subprocess.run(
+        [sys.executable, "-m", "trainer_jax.cli", "--config", str(cfg), "--run-dir", str(run_dir),
+         "--resume", "--steps", "3", "mesh.data=1", "mesh.fsdp=4", "mesh.tensor=2"],
+        cwd=ROOT, env=_env(8), capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
+    assert "resumed from step 2" in out.stdout
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert (summary["processes"], summary["steps"]) == (1, 3)
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if r["step"] > 0 and "loss" in r] == [1, 2, 3]
+
+
+@pytest.mark.timeout(900)
+def test_a_killed_process_is_named_by_the_other_within_60s(tmp_path):
+    cfg = tmp_path / "two.yaml"
+    cfg.write_text(CONFIG.replace("steps: 2}", "steps: 500}"))
+    run_dir = tmp_path / "run"
+    procs = _start_pair(cfg, run_dir)
+    try:
+        metrics = run_dir / "metrics.jsonl"
+        deadline = time.monotonic() + 600
+        while not (metrics.is_file() and '"loss"' in metrics.read_text()):  # training is under way
+            assert time.monotonic() < deadline, "no step within 600 s"
+            assert all(p.poll() is None for p in procs), _finish(procs, 10)
+            time.sleep(1)
+        procs[1].send_signal(signal.SIGKILL)
+        killed = time.monotonic()
+        out = procs[0].communicate(timeout=120)[0]
+        took = time.monotonic() - killed
+    finally:
+        for proc in procs:
+            proc.kill()
+    assert procs[0].returncode != 0
+    assert "process 1 of 2 stopped answering" in out, (procs[0].returncode, took, out[-3000:])
+    assert took < 60, took
+    # process 0 took its samplers down with it
+    logs = list((run_dir / "logs").glob("*.log"))
+    assert logs
