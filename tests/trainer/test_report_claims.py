@@ -162,11 +162,18 @@ def test_summary_document_and_readme_blocks(tmp_path):
         load_sweep_runs("sync grid", ROOT / "configs" / "ablation_sync.yaml", sync, tmp_path / "docs" / "results_sync.md"),
         load_sweep_runs("dial grid", None, dial, None),
     ]
+    probe_dir = tmp_path / "probe"
+    _run(probe_dir, "mixed", "sc_mis", k3=[1e-3 * math.exp(0.3 * s) for s in range(1, N + 1)], rewards=[0.4] * N)
+    probe = load_sweep_runs("lr probe", None, probe_dir, None, probe=True)
+    probe.command = "mixrl-train sweep x.yaml optimizer.learning_rate=2e-3"
+    sweeps.append(probe)
     doc = write_summary(sweeps, tmp_path / "docs" / "results.md", readme=readme, demo=demo,
                         extra_links=[("the asynchronous grid", "results_async.md")])
     text = doc.read_text()
     # 4 sync cells x 30 s + 60 s warm start + 6 dial cells x 30 s
-    assert "Cell time used in all: **360 s (6 min)**" in text
+    assert "Cell time used in all: **390 s (6 min)**" in text  # + the probe's 30 s
+    assert "### lr probe (probe: not in the claims below)" in text and "optimizer.learning_rate=2e-3" in text
+    assert "corrected runs with k3 growth or a collapse: 0/5" in text  # the probe's growing run is not judged
     assert "cells finished: 4 of 18 planned" in text and "aggressive/grpo/seed0 (not run)" in text
     assert "[results_sync.md](results_sync.md)" in text and "(results_async.md)" in text
     for fig in ("kl", "phase", "group_oor_vs_kl"):

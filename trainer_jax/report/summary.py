@@ -46,6 +46,10 @@ class SweepRuns:
     results: list[RunResult]
     manifest: dict | None
     planned: list[tuple[str, str, int]]
+    #: a probe: listed, linked and its time counted, but its runs kept out of the claims (other settings)
+    probe: bool = False
+    #: the command, when the run directory has no sweep.json (an invocation stopped before writing it)
+    command: str = ""
 
     @property
     def cell_s(self) -> float:
@@ -77,7 +81,7 @@ def warm_start_s(out: Path) -> float:
     )
 
 
-def load_sweep_runs(name: str, sweep_file: Path | None, out: Path, report: Path | None) -> SweepRuns:
+def load_sweep_runs(name: str, sweep_file: Path | None, out: Path, report: Path | None, probe: bool = False) -> SweepRuns:
     planned: list[tuple[str, str, int]] = []
     if sweep_file is not None:
         from trainer_jax.sweep import load_sweep
@@ -85,7 +89,7 @@ def load_sweep_runs(name: str, sweep_file: Path | None, out: Path, report: Path 
         spec = load_sweep(sweep_file)
         planned = [(p, c, s) for s in spec.seeds for p in spec.pools for c in spec.conditions]
     manifest = json.loads((out / "sweep.json").read_text()) if (out / "sweep.json").exists() else None
-    return SweepRuns(name, sweep_file, out, report, collect(out) if out.exists() else [], manifest, planned)
+    return SweepRuns(name, sweep_file, out, report, collect(out) if out.exists() else [], manifest, planned, probe)
 
 
 def _labels(sweeps: list[SweepRuns]) -> dict[str, str]:
@@ -119,16 +123,17 @@ def render_summary(sweeps: list[SweepRuns], doc: Path, figures: list[Path], grid
     for s in sweeps:
         ok = [r for r in s.results if r.ok]
         steps = sorted({r.steps for r in ok})
-        cmd = (s.manifest or {}).get("command") or f"mixrl-train sweep {s.sweep_file}"
+        cmd = (s.manifest or {}).get("command") or s.command or f"mixrl-train sweep {s.sweep_file}"
         lines += [
-            f"### {s.name}" + (f" — [{_rel(s.report, doc)}]({_rel(s.report, doc)})" if s.report else ""),
+            f"### {s.name}" + (" (probe: not in the claims below)" if s.probe else "")
+            + (f" — [{_rel(s.report, doc)}]({_rel(s.report, doc)})" if s.report else ""),
             "",
             f"- command: `{cmd}` (runs in `{os.path.relpath(s.out)}`; rerunning it finishes the missing cells)",
             f"- cells finished: {len(ok)} of {len(s.planned) or len(s.results)} planned; RL steps per run: {', '.join(map(str, steps)) or '–'}; "
             f"cell time {s.cell_s:.0f} s",
             f"- shared overrides: `{' '.join((s.manifest or {}).get('overrides', []))}`" if s.manifest else "- (no sweep.json: the last invocation was stopped before writing it)",
         ]
-        miss = s.missing()
+        miss = [] if s.probe else s.missing()
         if miss:
             lines.append(f"- **not finished** ({len(miss)}): " + ", ".join(miss))
             lines.append(f"- to finish the grid (finished cells are skipped): `{finish_command(cmd)}`")
@@ -155,6 +160,8 @@ def readme_results(sweeps: list[SweepRuns], grid: Grid, doc: Path, readme: Path)
     total = sum(s.cell_s for s in sweeps)
     parts = []
     for s in sweeps:
+        if s.probe:
+            continue
         ok = [r for r in s.results if r.ok]
         steps = sorted({r.steps for r in ok})
         parts.append(f"{s.name}: {len(ok)}/{len(s.planned) or len(s.results)} cells, {'/'.join(map(str, steps)) or '–'} RL steps")
@@ -218,7 +225,7 @@ def write_summary(
     extra_links: list[tuple[str, str]] | None = None,
 ) -> Path:
     doc = Path(doc)
-    results = [r for s in sweeps for r in s.results]
+    results = [r for s in sweeps if not s.probe for r in s.results]
     labels = _labels(sweeps)
     grid = Grid.of(results, labels, {})
     fig_dir = doc.parent / doc.stem
@@ -247,12 +254,20 @@ def _parse_sweep(arg: str) -> tuple[str, Path | None, Path, Path | None]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m trainer_jax.report.summary", description=__doc__.split("\n\n")[0])
     ap.add_argument("--sweep", action="append", required=True, help="SWEEP_FILE=OUT_DIR[:REPORT_MD]")
+    ap.add_argument("--probe", action="append", default=[],
+                    help="SWEEP_FILE=OUT_DIR[:REPORT_MD]@COMMAND: a probe grid (other settings), listed but not judged")
     ap.add_argument("--doc", default="docs/results.md")
     ap.add_argument("--readme", default=None)
     ap.add_argument("--demo", default="", help="comma-separated demo run directories (summary.json each)")
     ap.add_argument("--link", action="append", default=[], help="TITLE=PATH of an earlier report to link")
     a = ap.parse_args(argv)
     sweeps = [load_sweep_runs(*_parse_sweep(s)) for s in a.sweep]
+    for arg in a.probe:
+        spec, _, command = arg.partition("@")
+        name, file, out, report = _parse_sweep(spec)
+        probe = load_sweep_runs(f"{out.name} (probe)", file, out, report, probe=True)
+        probe.command = command
+        sweeps.append(probe)
     links = [tuple(x.split("=", 1)) for x in a.link]
     demo = [Path(d) for d in a.demo.split(",") if d]
     doc = write_summary(sweeps, a.doc, readme=a.readme, demo=demo, extra_links=links)
