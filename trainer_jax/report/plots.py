@@ -121,9 +121,11 @@ def plot_curves(results: list[RunResult], out_dir: Path, labels: dict[str, str])
 
     Returns the files written (a curve no run has a value of is skipped).
     """
+    pools, conds = grid_order(results, labels)
+    if not pools:  # no run directory yet (a sweep not started)
+        return []
     plt = _pyplot()
     out_dir.mkdir(parents=True, exist_ok=True)
-    pools, conds = grid_order(results, labels)
     written = []
     for fname, (metric, title, log) in CURVES.items():
         fig, axes = plt.subplots(1, len(pools), figsize=(5.5 * len(pools), 3.6), sharey=True, squeeze=False)

@@ -49,7 +49,7 @@ def _when(r: RunResult) -> str:
     return f"held-out pass@1 {r.eval_start:.3f} → {r.eval_final:.3f}"
 
 
-def _collapses(rs: list[RunResult]) -> str:
+def collapse_summary(rs: list[RunResult]) -> str:
     down = [r for r in rs if r.collapsed]
     return f"{len(down)}/{len(rs)} collapsed" + (f" ({'; '.join(_when(r) for r in down)})" if down else "")
 
@@ -77,14 +77,14 @@ def claim_collapse(grid: Grid) -> Claim:
     if not _signal(mixed + homog):
         return Claim(1, title, NOT_OBSERVABLE, f"no GRPO run had a training reward or held-out pass above 0 in {grid.steps} steps, so there was nothing to collapse from.")
     others = "; ".join(
-        f"{grid.label(c)} / {p}: {_collapses(grid.runs(p, c))}"
+        f"{grid.label(c)} / {p}: {collapse_summary(grid.runs(p, c))}"
         for c in grid.conds for p in grid.pools
         if grid.runs(p, c) and (p, c) not in (("mixed", "grpo"), ("homogeneous", "grpo"))
     )
     nm = sum(r.collapsed for r in mixed)
     sooner = nanmean([_censored_step(r) for r in mixed]) < nanmean([_censored_step(r) for r in homog])
     text = (
-        f"GRPO / mixed: {_collapses(mixed)}; GRPO / homogeneous: {_collapses(homog)} "
+        f"GRPO / mixed: {collapse_summary(mixed)}; GRPO / homogeneous: {collapse_summary(homog)} "
         f"(runs of {grid.steps} RL steps; mean collapse step, a run that held counted as its length + 1: "
         f"{fmt(nanmean([_censored_step(r) for r in mixed]), '.1f')} vs {fmt(nanmean([_censored_step(r) for r in homog]), '.1f')})."
         + (f" Other cells: {others}." if others else "")
@@ -148,7 +148,7 @@ def claim_bounded(grid: Grid) -> Claim:
     grpo_grew = sum(r.trend.label == "growth" for r in grpo)
     text = (
         f"corrected runs with k3 growth or a collapse: {len(grew)}/{len(corr)}"
-        + (f" ({', '.join(f'{r.pool}/{r.condition}/seed{r.seed} slope {r.trend.slope:+.3f}/step ({r.trend.label}), {_collapses([r])}' for r in grew)})" if grew else "")
+        + (f" ({', '.join(f'{r.pool}/{r.condition}/seed{r.seed} slope {r.trend.slope:+.3f}/step ({r.trend.label}), {collapse_summary([r])}' for r in grew)})" if grew else "")
         + f"; slope of ln k3, corrected: {fmt(nanmean([r.trend.slope for r in corr]), '+.4f')}/step (mean; range "
         f"{fmt(min(r.trend.slope for r in corr), '+.4f')} to {fmt(max(r.trend.slope for r in corr), '+.4f')}), uncorrected "
         f"GRPO in the same pools: {fmt(nanmean([r.trend.slope for r in grpo]), '+.4f')}/step, growth in {grpo_grew}/{len(grpo)}."

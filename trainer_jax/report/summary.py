@@ -29,6 +29,7 @@ from trainer_jax.report.plots import plot_curves, plot_group_oor, plot_phase
 from trainer_jax.report.runs import RunResult, collect, nanmean
 from trainer_jax.report.seed_claims import (
     claims_section,
+    collapse_summary,
     group_kl_points,
     group_kl_section,
     growth_section,
@@ -133,6 +134,10 @@ def render_summary(sweeps: list[SweepRuns], doc: Path, figures: list[Path], grid
             f"cell time {s.cell_s:.0f} s",
             f"- shared overrides: `{' '.join((s.manifest or {}).get('overrides', []))}`" if s.manifest else "- (no sweep.json: the last invocation was stopped before writing it)",
         ]
+        if s.probe:
+            lines.append("- outcome per cell: " + "; ".join(
+                f"{r.pool}/{r.condition}/seed{r.seed}: {collapse_summary([r])}, k3 {r.trend.label} (slope {fmt(r.trend.slope, '+.3f')}/step), "
+                f"held-out pass@1 {fmt(r.eval_start)} → {fmt(r.eval_final)}" for r in s.results if r.ok))
         miss = [] if s.probe else s.missing()
         if miss:
             lines.append(f"- **not finished** ({len(miss)}): " + ", ".join(miss))
@@ -165,7 +170,7 @@ def readme_results(sweeps: list[SweepRuns], grid: Grid, doc: Path, readme: Path)
         ok = [r for r in s.results if r.ok]
         steps = sorted({r.steps for r in ok})
         parts.append(f"{s.name}: {len(ok)}/{len(s.planned) or len(s.results)} cells, {'/'.join(map(str, steps)) or '–'} RL steps")
-    claims = "; ".join(f"({c.number}) {c.title.split(' (seed')[0].lower()}: **{c.verdict}**" for c in verdicts(grid))
+    claims = "; ".join(f"({c.number}) {c.title.split(' (seed')[0]}: **{c.verdict}**" for c in verdicts(grid))
     return (
         f"[`{_rel(doc, readme)}`]({_rel(doc, readme)}) (generated from the run directories by "
         "`python -m trainer_jax.report.summary`): issue 20's experiments in sync mode (staleness 0) on the long "
@@ -265,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     for arg in a.probe:
         spec, _, command = arg.partition("@")
         name, file, out, report = _parse_sweep(spec)
-        probe = load_sweep_runs(f"{out.name} (probe)", file, out, report, probe=True)
+        probe = load_sweep_runs(out.name, file, out, report, probe=True)
         probe.command = command
         sweeps.append(probe)
     links = [tuple(x.split("=", 1)) for x in a.link]
