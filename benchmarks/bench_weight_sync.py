@@ -33,6 +33,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -43,8 +44,10 @@ QWEN3_30B_A3B_PARAMS = 30.5e9
 MILES_S = {"rdma_h100": 2.16, "nccl_h100": 2.67}
 
 
-def one_adamw_step(args) -> tuple[dict, dict, object, dict]:
-    """``(v0, v1, config, info)``: HF-named fp32 tensors before and after one AdamW step."""
+def one_adamw_step(args, publish_v0: Callable[[dict, object], None]) -> tuple[dict, object, dict]:
+    """``(v1, config, info)``: HF-named fp32 tensors after one AdamW step; ``publish_v0(v0,
+    config)`` gets those before it, called before the gradient so both are never held at once
+    with the model, its gradient and the updated copy (the full 0.6 B shape's peak memory)."""
     import jax
     import jax.numpy as jnp
     import optax
@@ -58,6 +61,9 @@ def one_adamw_step(args) -> tuple[dict, dict, object, dict]:
                       num_key_value_heads=args.kv_heads, head_dim=args.head_dim, tie_word_embeddings=True)
     model = init_model(cfg, seed=0)
     v0 = {k: np.array(a, np.float32) for k, a in iter_hf_tensors(model)}
+    n = sum(a.size for a in v0.values())
+    publish_v0(v0, cfg)
+    del v0
     ids = jax.random.randint(jax.random.key(1), (args.batch, args.seq), 0, args.vocab)
 
     def loss_fn(m):
@@ -67,7 +73,7 @@ def one_adamw_step(args) -> tuple[dict, dict, object, dict]:
     t0 = time.perf_counter()
     loss, grads = nnx.value_and_grad(loss_fn)(model)
     grad_s = time.perf_counter() - t0
-    params = nnx.state(model, nnx.Param)
+    params, grads = nnx.state(model, nnx.Param), nnx.state(grads, nnx.Param)
     # AdamW's first step in closed form (bias-corrected m = g, v = g^2), leaf by leaf so no
     # optimizer state for the whole model is held; checked against optax on one leaf below.
     lr, wd, eps = args.lr, args.weight_decay, 1e-8
@@ -75,17 +81,18 @@ def one_adamw_step(args) -> tuple[dict, dict, object, dict]:
     def step(p, g):
         return p - lr * (g / (jnp.abs(g) + eps) + wd * p)
 
-    new = jax.tree.map(step, params, nnx.state(grads, nnx.Param))
-    leaf_p, leaf_g = jax.tree.leaves(params)[-1], jax.tree.leaves(nnx.state(grads, nnx.Param))[-1]
+    leaf_p, leaf_g = jax.tree.leaves(params)[-1], jax.tree.leaves(grads)[-1]
     opt = optax.adamw(lr, eps=eps, weight_decay=wd)
     upd, _ = opt.update(leaf_g, opt.init(leaf_p), leaf_p)
     assert np.allclose(np.asarray(leaf_p + upd), np.asarray(step(leaf_p, leaf_g)), rtol=0, atol=1e-12)
+    new = jax.tree.map(step, params, grads)
+    del params, grads, leaf_p, leaf_g, upd
     nnx.update(model, new)
+    del new
     v1 = {k: np.array(a, np.float32) for k, a in iter_hf_tensors(model)}
-    n = sum(a.size for a in v0.values())
     info = {"params_m": round(n / 1e6, 1), "loss": round(float(loss), 4), "grad_seconds": round(grad_s, 2),
             "lr": lr, "weight_decay": wd, "batch": [args.batch, args.seq]}
-    return v0, v1, cfg, info
+    return v1, cfg, info
 
 
 def _stats(runs: list[tuple[float, float]]) -> dict:
@@ -129,13 +136,18 @@ def main() -> None:
     from convert.publish import publish
     from convert.store import open_store
 
-    v0, v1, cfg, info = one_adamw_step(args)
     work = Path(tempfile.mkdtemp(prefix="bench_weight_sync-", dir=args.dir))
     try:
         delta_root, full_root = work / "delta", work / "full"
-        t0 = time.perf_counter()
-        publish(v0, cfg, delta_root, 0, args.formats, delta=True, keep_last=None)
-        v0_s = time.perf_counter() - t0
+        v0_s = 0.0
+
+        def publish_v0(v0: dict, cfg) -> None:
+            nonlocal v0_s
+            t0 = time.perf_counter()
+            publish(v0, cfg, delta_root, 0, args.formats, delta=True, keep_last=None)
+            v0_s = time.perf_counter() - t0
+
+        v1, cfg, info = one_adamw_step(args, publish_v0)
         full_report: dict = {}
         t0 = time.perf_counter()
         publish(v1, cfg, full_root, 1, args.formats, keep_last=None, report=full_report)

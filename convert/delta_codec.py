@@ -24,8 +24,11 @@ piece, and the digest of what was written comes without reading the file again.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import mmap
+import shutil
 import struct
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -40,6 +43,7 @@ from convert.safetensors_io import DTYPES, MAX_HEADER_BYTES
 PIECE_BYTES = 16 * 1024 * 1024  # bytes of a file handled at a time (bounded memory)
 MAX_PIECE_BYTES = 1 << 31  # indices and counts of a piece are uint32
 _GAP_WIDTHS = (1, 2, 4)
+_MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux >= 5.14; older: EINVAL
 Digest = tuple[int, str]  # (size, sha256 hex) of a written file
 
 
@@ -144,7 +148,8 @@ def xor_piece(stream, buf: np.ndarray, k: int, what: str) -> None:
     if not nnz:
         return
     raw = np.frombuffer(read_exact(stream, nnz * (w + dt.itemsize), what), np.uint8)
-    idx = np.cumsum(_unplanes(raw[:nnz * w], np.dtype(f"<u{w}")), dtype=np.int64)
+    idx = _unplanes(raw[:nnz * w], np.dtype(f"<u{w}")).astype(np.int64)
+    np.cumsum(idx, out=idx)  # in place: a casting cumsum costs twice as much
     if idx[-1] >= nel:
         raise DeltaError(f"{what}: corrupt (element {idx[-1]} of a piece of {nel})")
     e = buf.view(dt)
@@ -256,28 +261,60 @@ def decompress_file(zstd, blob: Path, dest: Path, piece_bytes: int) -> Digest:
 
 def xor_file(zstd, base: Path, blobs: Sequence[Path], dest: Path, piece_bytes: int) -> Digest:
     """Write ``dest``: the safetensors file ``base`` with the XOR deltas ``blobs`` (oldest first,
-    each made against the file the previous one produces, all of ``base``'s layout) applied."""
+    each made against the file the previous one produces, all of ``base``'s layout) applied.
+
+    The base is copied by the kernel (``copy_file_range``/``sendfile``: no pass through our
+    memory) and the changes are XORed into a shared mapping of the copy, piece by piece, each
+    piece hashed from the mapping on a second thread while the next one is decoded. On the
+    development VM (Firecracker, nested virtualization) ``write()`` of 563 MB from our buffers
+    cost 1.7-6.9 CPU s where ``copy_file_range``/``sendfile`` cost 0.25 s in the same minute;
+    the mapping only needs the pages the kernel copy already made.
+    """
     lay = layout(base)
     if lay is None:
         raise DeltaError(f"base file {base} is not a safetensors file")
     header, regions = lay
+    shutil.copyfile(base, dest)
+    size = dest.stat().st_size
+    h = hashlib.sha256()
     with ExitStack() as stack:
         readers = [(stack.enter_context(zstd.ZstdDecompressor().stream_reader(
             stack.enter_context(open(b, "rb")))), str(b)) for b in blobs]
-        fb = stack.enter_context(open(base, "rb", buffering=0))
-        w = stack.enter_context(HashingWriter(dest))
-        # the header is the base's (a delta is only made between equal layouts)
-        read_exact(fb, len(header), str(base), w.buffer(len(header)))
-        w.commit()
-        for _, n, k in pieces(regions, piece_bytes):  # contiguous: read in order
-            buf = np.frombuffer(read_exact(fb, n, str(base), w.buffer(n)), np.uint8)
+        f = stack.enter_context(open(dest, "r+b"))
+        m = mmap.mmap(f.fileno(), size)
+        stack.callback(_close_mapping, m)
+        with contextlib.suppress(AttributeError, OSError, ValueError):
+            m.madvise(_MADV_POPULATE_WRITE)  # one call maps every page writable, not a fault each
+        view = memoryview(m)
+        stack.callback(_release, view)
+        # entered last, so it exits first: no hash still reads the mapping when it is released
+        hasher = stack.enter_context(ThreadPoolExecutor(1, thread_name_prefix="mixrl-delta-hash"))
+        data = np.frombuffer(view, np.uint8)
+        hashes: list[Future] = []
+        done = 0  # bytes handed to the hasher (in file order: pieces are contiguous)
+        for off, n, k in pieces(regions, piece_bytes):
             for r, what in readers:
-                xor_piece(r, buf, k, what)
-            w.commit()
+                xor_piece(r, data[off:off + n], k, what)
+            hashes.append(hasher.submit(h.update, view[done:off + n]))
+            done = off + n
+        hashes.append(hasher.submit(h.update, view[done:size]))
         for r, what in readers:
             if read_rest(r, what):
                 raise DeltaError(f"{what}: longer than its base file")
-        return w.close()
+        for fut in hashes:
+            fut.result()
+        del data, hashes
+    return size, h.hexdigest()
+
+
+def _release(view: memoryview) -> None:
+    with contextlib.suppress(BufferError):  # an array still held by a traceback: freed with it
+        view.release()
+
+
+def _close_mapping(m: mmap.mmap) -> None:
+    with contextlib.suppress(BufferError):  # a view still held by a traceback: closed when freed
+        m.close()
 
 
 def read_rest(r, what: str) -> bool:
