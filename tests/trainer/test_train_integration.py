@@ -67,6 +67,13 @@ def test_train_publish_and_resume(tmp_path):
     from convert.delta import materialize
     from convert.store import open_store
     materialize(open_store(run_dir / "weights"), 3, "fp8_block", tmp_path / "v3")
+    # The fp8 group runs an fp8_e4m3 KV cache: every version's fp8_block export carries K/V scales
+    # calibrated on the trajectories trained before it, and says so (train.weights.calibrate).
+    from convert.hf_checkpoint import HFCheckpoint
+    from convert.manifest import read_manifest
+    calibration = read_manifest(tmp_path / "v3")["calibration"]
+    assert calibration["data"] == "trajectories" and calibration["source_version"] == 3
+    assert "model.layers.0.self_attn.k_scale" in HFCheckpoint(tmp_path / "v3").names()
     assert "weights: 4 versions" in out.stdout
     assert (run_dir / "plots" / "reward.png").exists()
     assert any((run_dir / "tensorboard").iterdir())
