@@ -257,18 +257,21 @@ class Trainer:
     def _snapshot(self) -> dict[str, np.ndarray]:
         """The parameters as host arrays for a publish (a gather every process joins)."""
         self._order(PUBLISH)
-        return snapshot(self.model)
+        with self.lockstep.collective():
+            return snapshot(self.model)
 
     def _train_step(self, inputs, batch):
         self._order(STEP)
-        inputs, batch = self.lockstep.share((inputs, batch))
-        return self.learner.step(inputs, batch)
+        with self.lockstep.collective():
+            inputs, batch = self.lockstep.share((inputs, batch))
+            return self.learner.step(inputs, batch)
 
     def _save_checkpoint(self) -> None:
         if self.leader:
             self.meta["task_cursor"] = int(self.source.cursor)
             self._order(CHECKPOINT)
-        self.checkpointer.save(self.meta["step"], self.model, self.learner.optimizer, self.meta)
+        with self.lockstep.collective():
+            self.checkpointer.save(self.meta["step"], self.model, self.learner.optimizer, self.meta)
 
     def _follow(self) -> dict:
         """Processes other than 0: run process 0's collectives until it says stop."""
@@ -279,9 +282,11 @@ class Trainer:
                 order = self.lockstep.next_order()
                 self.meta.update(step=order.step, version=order.version)
                 if order.command == STEP:
-                    self.learner.step(*self.lockstep.share(empty))
+                    with self.lockstep.collective():
+                        self.learner.step(*self.lockstep.share(empty))
                 elif order.command == PUBLISH:
-                    snapshot(self.model)  # this process's part of the gathers; process 0 writes
+                    with self.lockstep.collective():
+                        snapshot(self.model)  # this process's part of the gathers; process 0 writes
                 elif order.command == CHECKPOINT:
                     self._save_checkpoint()
                 elif order.command == STOP:

@@ -277,6 +277,9 @@ def test_report_without_drift_does_not_load_jax():
 # ------------------------------------------------------------------ the real quick grid
 
 
+# ~4 min: the grid's sweep / report machinery end to end. CI runs the sync-mode dial sweep
+# (tests/trainer/test_sync.py), which goes through the same sweep, warm-start sharing and report.
+@pytest.mark.slow
 @pytest.mark.timeout(1500)
 def test_quick_sweep_end_to_end(tmp_path):
     out, doc = tmp_path / "runs", tmp_path / "results.md"

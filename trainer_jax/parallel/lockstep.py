@@ -20,13 +20,14 @@ sees rather than the coordination service's abort.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
@@ -117,15 +118,19 @@ class PeerWatch:
                     return self._lose(f"process 0 of {self.count} (the coordinator) is unreachable "
                                       f"for {self.timeout_s:.0f} s: {' '.join(str(e).split())[:200]}")
 
+    def wait_verdict(self, timeout_s: float) -> None:
+        """Give the watch up to ``timeout_s`` to find a lost peer (it then ends the process)."""
+        self._thread.join(timeout_s)
+
     def _lose(self, reason: str) -> None:
         self.lost = reason
         line = f"mixrl-train process {self.index}: {reason}; stopping"
+        print(line, file=sys.stderr, flush=True)
         for callback in self.on_lost:
             try:
                 callback(line)
             except Exception:  # noqa: BLE001 - exiting regardless
                 pass
-        print(line, file=sys.stderr, flush=True)
         sys.stdout.flush()
         self._exit(LOST_EXIT_CODE)
 
@@ -184,6 +189,17 @@ class Lockstep:
 
         shared = multihost_utils.broadcast_one_to_all(tree, is_source=self.leader)
         return jax.tree.map(np.asarray, shared)
+
+    @contextlib.contextmanager
+    def collective(self) -> Iterator[None]:
+        """Run a collective; if it fails (gloo / NCCL see a peer's socket close at once), let the
+        watch name the peer before the error spreads into clean-up that would wait on it."""
+        try:
+            yield
+        except Exception:
+            if self.watch is not None:
+                self.watch.wait_verdict(self.watch.timeout_s + 5 * self.watch.interval_s)
+            raise
 
     def finish(self) -> None:
         if self.watch is not None:
