@@ -17,8 +17,8 @@ The projection scales the measured bytes per parameter to Qwen3-30B-A3B (30.5 B 
 the stated bandwidth (transfer + apply time), quoted beside Miles' published Qwen3-30B-A3B weight
 sync (2.16 s RDMA / 2.67 s NCCL on H100). JSON goes to benchmarks/results/bench_weight_sync.json.
 
-    .venv/bin/python benchmarks/bench_weight_sync.py                 # Qwen3-0.6B's shape (~14 GB RSS)
-    .venv/bin/python benchmarks/bench_weight_sync.py --layers 8 --batch 1 --seq 32   # the README's
+    .venv/bin/python benchmarks/bench_weight_sync.py --repeats 3   # the README's: Qwen3-0.6B, 13.3 GB RSS
+    .venv/bin/python benchmarks/bench_weight_sync.py --layers 8 --batch 1 --seq 32   # 281 M params, ~6.5 GB
     .venv/bin/python benchmarks/bench_weight_sync.py --layers 2      # quick look
 """
 
@@ -156,6 +156,7 @@ def main() -> None:
         t0 = time.perf_counter()
         publish(v1, cfg, delta_root, 1, args.formats, delta=True, keep_last=None, report=delta_report)
         delta_s = time.perf_counter() - t0
+        del v1  # the sampler side below needs only the stores: less memory pressure on its page cache
         store = open_store(delta_root)
         results = {}
         for fmt in args.formats:
