@@ -22,7 +22,8 @@ N = 24
 LABELS = {"grpo": "GRPO", "sc_mis": "SC + MIS"}
 
 
-def _run(root, pool, cond, seed=0, *, k3, rewards, group_k3=None, group_oor=None, sigma=None, wall=30.0, eval_start=0.2, eval_end=0.3):
+def _run(root, pool, cond, seed=0, *, k3, rewards, group_k3=None, group_oor=None, sigma=None, wall=30.0, eval_start=0.2, eval_end=0.3,
+         config="x.yaml"):
     """A run dir: ``k3``/``rewards`` per step; per group, its k3 factor and out-of-range rate."""
     group_k3 = group_k3 or {"a": 1.0, "b": 1.0}
     group_oor = group_oor or {g: 0.001 for g in group_k3}
@@ -38,7 +39,7 @@ def _run(root, pool, cond, seed=0, *, k3, rewards, group_k3=None, group_oor=None
         lines.append(json.dumps(rec))
     (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
     (run / "summary.json").write_text(json.dumps({"eval_start": {"eval/pass@1": eval_start}, "eval_end": {"eval/pass@1": eval_end}}))
-    cmd = ["mixrl-train", "--config", "x.yaml", "--run-dir", str(run)]
+    cmd = ["mixrl-train", "--config", config, "--run-dir", str(run)]
     if sigma is not None:
         cmd.append(f"groups=[{{name: a, recipe: bf16, logit_noise: {sigma}}}]")
     (run / "cell.json").write_text(json.dumps({"ok": True, "wall_s": wall, "returncode": 0, "command": cmd}))
@@ -203,3 +204,20 @@ def test_held_out_collapse_counts_without_a_reward_collapse(tmp_path):
     assert v[1].verdict == REPRODUCED and "held-out pass@1 0.200 → 0.050" in v[1].text
     # The collapse came with no k3 growth over the run: claim 2 is not reproduced.
     assert v[2].verdict == NOT_REPRODUCED
+
+
+def test_claim_4_judges_only_pools_whose_groups_differ(tmp_path):
+    # Four bf16 groups (configs/local_homogeneous.yaml) whose k3 differ by noise: not a test of claim 4,
+    # however the out-of-range tokens fall; the mixed pool's recipes differ and are judged.
+    homog = {"bf16-a": 0.5, "bf16-b": 1.0, "bf16-c": 1.0, "bf16-d": 2.0}
+    _run(tmp_path, "homogeneous", "grpo", k3=[1e-3] * N, rewards=[0.4] * N, group_k3=homog,
+         group_oor={"bf16-a": 0.01, "bf16-b": 0.0, "bf16-c": 0.0, "bf16-d": 0.0},
+         config=str(ROOT / "configs" / "local_homogeneous.yaml"))
+    mixed = {"bf16": 0.5, "fp8": 1.0, "nvfp4": 3.0, "mxfp4": 1.0}
+    _run(tmp_path, "mixed", "grpo", k3=[1e-3] * N, rewards=[0.4] * N, group_k3=mixed,
+         group_oor={"bf16": 0.0, "fp8": 0.001, "nvfp4": 0.02, "mxfp4": 0.002},
+         config=str(ROOT / "configs" / "local_mixed.yaml"))
+    results = {r.pool: r for r in collect(tmp_path)}
+    assert results["mixed"].group_recipes["nvfp4"].startswith("nvfp4_w4a4/kv=fp8_e4m3")
+    c4 = verdicts(_grid(tmp_path))[3]
+    assert c4.verdict == REPRODUCED and "Not judged (all groups of one recipe): homogeneous" in c4.text

@@ -61,6 +61,8 @@ class RunResult:
     sigma: float = math.nan
     records: list[dict] = dataclasses.field(default_factory=list, repr=False)
     groups: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
+    #: per sampler group, its numerics (recipe / KV dtype / attention / logit noise), from the config
+    group_recipes: dict[str, str] = dataclasses.field(default_factory=dict)
     error: str = ""
 
     @property
@@ -147,18 +149,34 @@ def collapse_step(records: list[dict], settle_steps: int = 0) -> tuple[int | Non
     return first_collapse, reason, first_kl
 
 
-def _warmup_steps(cell: dict) -> int:
-    """The run's learning-rate warmup, from the config and overrides its cell was run with (0 if unknown)."""
+def _cell_config(cell: dict):
+    """The run config a cell ran with (its ``--config`` and overrides), or None when unknown."""
     cmd = [str(c) for c in cell.get("command", [])]
     if "--config" not in cmd:
-        return 0
+        return None
     from trainer_jax.config import ConfigError, load_config
 
     overrides = [c for c in cmd[cmd.index("--config") + 2 :] if "=" in c and not c.startswith("-")]
     try:
-        return load_config(cmd[cmd.index("--config") + 1], overrides).optimizer.warmup_steps
+        return load_config(cmd[cmd.index("--config") + 1], overrides)
     except (ConfigError, OSError, IndexError, ValueError):
-        return 0
+        return None
+
+
+def _warmup_steps(cfg) -> int:
+    """The run's learning-rate warmup (0 if unknown)."""
+    return cfg.optimizer.warmup_steps if cfg is not None else 0
+
+
+def _group_recipes(cfg) -> dict[str, str]:
+    """Per sampler group, what sets its numerics: recipe, KV-cache dtype, attention, logit noise."""
+    if cfg is None:
+        return {}
+    return {
+        g.name: (f"{g.recipe}/kv={g.kv_cache_dtype or 'default'}/attn={g.attention or 'default'}"
+                 f"/noise={g.logit_noise or 0}")
+        for g in cfg.groups
+    }
 
 
 def group_attribution(records: list[dict]) -> dict[str, dict[str, float]]:
@@ -260,7 +278,9 @@ def summarize_run(run_dir: Path, pool: str, condition: str, seed: int) -> RunRes
     res.eval_final = summary.get("eval_end", {}).get("eval/pass@1", evals[-1] if evals else math.nan)
     res.eval_best = max(evals) if evals else res.eval_final
     # The same KL baseline as the trainer's own alarm.
-    settle = alarm_settle_steps(_warmup_steps(cell))
+    cfg = _cell_config(cell)
+    settle = alarm_settle_steps(_warmup_steps(cfg))
+    res.group_recipes = _group_recipes(cfg)
     res.collapse_step, res.collapse_reason, res.kl_alarm_step = collapse_step(steps, settle)
     k3 = [r["k3"] for r in steps if r.get("k3") is not None]
     res.mean_k3 = nanmean(k3)

@@ -189,14 +189,23 @@ def claim_concentration(grid: Grid) -> Claim:
     pools = {}
     for p in points:
         pools.setdefault(p["pool"], []).append(p)
+    recipes = {pool: {g: v for r in grid.ok if r.pool == pool for g, v in r.group_recipes.items()} for pool in pools}
+
+    def differ(pool: str, ps: list[dict]) -> bool:
+        """Groups that differ in numerics: by their configured recipes when known, else by k3."""
+        if recipes[pool]:
+            return len(set(recipes[pool].values())) > 1
+        return min(p["k3"] for p in ps) > 0 and max(p["k3"] for p in ps) >= KL_SPREAD * min(p["k3"] for p in ps)
+
     spread = {
         pool: ps for pool, ps in pools.items()
-        if min(p["k3"] for p in ps) > 0 and max(p["k3"] for p in ps) >= KL_SPREAD * min(p["k3"] for p in ps)
-        and not any(math.isnan(p["oor_share"]) for p in ps)
+        if differ(pool, ps) and not any(math.isnan(p["oor_share"]) for p in ps)
     }
+    same = sorted(set(pools) - set(spread))
     if not spread:
         return Claim(4, title, NOT_OBSERVABLE, (
-            f"no pool had sampler groups whose k3 differ by >= {KL_SPREAD:g}x and out-of-range tokens to attribute "
+            "no pool had sampler groups of different numerics (recipe, KV dtype, attention, logit noise; by k3 "
+            f">= {KL_SPREAD:g}x apart where the config is unknown) with out-of-range tokens to attribute "
             f"(pools with several groups: {', '.join(sorted(pools)) or 'none'})."
         ))
     parts, ok = [], []
@@ -212,7 +221,8 @@ def claim_concentration(grid: Grid) -> Claim:
             f"and out-of-range rate over {len(ps)} groups {fmt(rho, '+.2f')}"
         )
     verdict = REPRODUCED if all(ok) else NOT_REPRODUCED
-    return Claim(4, title, verdict, "; ".join(parts) + f" (concentration: the largest-KL group is the most over-represented, at >= {CONCENTRATION:g}x its sample share).")
+    return Claim(4, title, verdict, "; ".join(parts) + f" (concentration: the largest-KL group is the most over-represented, at >= {CONCENTRATION:g}x its sample share)."
+                 + (f" Not judged (all groups of one recipe): {', '.join(same)}." if same else ""))
 
 
 def verdicts(grid: Grid) -> list[Claim]:

@@ -107,6 +107,23 @@ def _rel(path: Path, doc: Path) -> str:
     return os.path.relpath(path, doc.parent)
 
 
+def reading_notes(grid: Grid) -> list[str]:
+    """Caveats that follow from what the grid holds (not numbers: those are in the sections)."""
+    notes = [
+        "Held-out pass@1 counts a sample as passed when its reward is above 0; on the `chain` task with "
+        "`scoring: prefix` that is a reply whose first characters are right, so it measures whether the policy "
+        "still writes the expected form, not whether whole chains are right (training rewards, the mean "
+        "correct-prefix share, are a few hundredths)."
+    ]
+    if any(not math.isnan(r.sigma) for r in grid.ok):
+        notes.append(
+            "In the dial grid every sampler group, the evaluation group included, adds the logit noise: its "
+            "held-out pass rates are those of the noisy sampler, not of the bf16 policy, and they start lower "
+            "the larger sigma is."
+        )
+    return notes
+
+
 def render_summary(sweeps: list[SweepRuns], doc: Path, figures: list[Path], grid: Grid, extra_links: list[tuple[str, str]]) -> str:
     total = sum(s.cell_s for s in sweeps)
     lines = [
@@ -143,6 +160,9 @@ def render_summary(sweeps: list[SweepRuns], doc: Path, figures: list[Path], grid
             lines.append(f"- **not finished** ({len(miss)}): " + ", ".join(miss))
             lines.append(f"- to finish the grid (finished cells are skipped): `{finish_command(cmd)}`")
         lines.append("")
+    notes = reading_notes(grid)
+    if notes:
+        lines += ["## Reading these numbers", ""] + [f"- {n}" for n in notes] + [""]
     lines += claims_section(grid)
     lines += growth_section(grid)
     lines += group_kl_section(grid)
