@@ -155,8 +155,9 @@ def claim_bounded(grid: Grid) -> Claim:
     )
     if grew:
         return Claim(3, title, NOT_REPRODUCED, text)
-    if grpo and not grpo_grew:
-        text += " Weak evidence: uncorrected GRPO stayed bounded too, so these runs do not show that the correction is what bounds it."
+    if grpo and 2 * grpo_grew < len(grpo):
+        text += (f" Weak evidence: uncorrected GRPO stayed bounded in most runs too ({len(grpo) - grpo_grew}/{len(grpo)}), so these "
+                 "runs do not show that the correction is what bounds it.")
     return Claim(3, title, REPRODUCED, text)
 
 
