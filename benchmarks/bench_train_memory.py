@@ -11,9 +11,13 @@ tokens; per-device parameters + optimizer state on 8 devices <= 1/6 of one devic
 memory knob, ``train.micro_rows`` (rows through the model one at a time), is measured beside them.
 
     .venv/bin/python benchmarks/bench_train_memory.py [--quick] [--out PATH]
+        [--remat none,full] [--reuse OLD.json]
 
 (default PATH: benchmarks/results/bench_train_memory.json; ``--quick``: 2 layers and rows of
-512 tokens, to check the script). The devices are XLA's host-platform fakes, so the figures are
+512 tokens, to check the script). Compiling the unrolled 28-layer ``none`` step takes minutes to a
+quarter of an hour on a loaded 2-core machine; ``--remat full --reuse OLD.json`` measures only
+the ``full`` rows and copies the others from an earlier run (marked ``reused_from``), valid while
+the ``none`` program has not changed. The devices are XLA's host-platform fakes, so the figures are
 the CPU backend's; accelerator backends lay out memory differently, the ratios carry over.
 """
 
@@ -77,13 +81,23 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="2 layers, rows of 512 tokens")
     p.add_argument("--out", default=str(Path(__file__).parent / "results" / "bench_train_memory.json"))
+    p.add_argument("--remat", default="none,full", help="remat modes to measure (comma-separated)")
+    p.add_argument("--reuse", default=None,
+                   help="an earlier JSON: its rows for modes not measured now are copied")
     args = p.parse_args(argv)
     shape = dict(QWEN3_06B, num_hidden_layers=2) if args.quick else QWEN3_06B
     qcfg = Qwen3Config(**shape)
     lengths = (256, 512) if args.quick else (4096, 16384)
+    remats = args.remat.split(",")
     rows = []
+    if args.reuse:
+        old = json.loads(Path(args.reuse).read_text())
+        if old["model"] != shape:
+            raise SystemExit(f"{args.reuse} is of another model shape")
+        rows = [dict(r, reused_from=old.get("measured", args.reuse)) for r in old["results"]
+                if r["remat"] not in remats and r["row_len"] in lengths]
     for row_len in lengths:
-        for remat in ("none", "full"):
+        for remat in remats:
             for name, axes in MESHES.items():
                 r = measure(qcfg, row_len, remat, axes)
                 rows.append(r)
@@ -92,6 +106,8 @@ def main(argv: list[str] | None = None) -> int:
                       f"{r['state_bytes_per_device'] / 2**20:9.1f} MiB  (compile {r['compile_s']} s)",
                       flush=True)
 
+        if "none" not in remats:
+            continue
         # The other memory knob: rows through the model one at a time (train.micro_rows).
         r = measure(qcfg, row_len, "none", None, micro_rows=1)
         rows.append(r)
@@ -100,23 +116,30 @@ def main(argv: list[str] | None = None) -> int:
 
     def pick(row_len, remat, devices, micro_rows=None):
         key = (row_len, remat, devices, micro_rows)
-        return next(r for r in rows if (r["row_len"], r["remat"], r["devices"], r["micro_rows"]) == key)
+        return next((r for r in rows if (r["row_len"], r["remat"], r["devices"],
+                                         r.get("micro_rows")) == key), None)
 
     longest = lengths[-1]
     temp, state = "temp_bytes_per_device", "state_bytes_per_device"
     remat_ratio = pick(longest, "none", 1)[temp] / pick(longest, "full", 1)[temp]
     state_ratio = pick(longest, "full", 8)[state] / pick(longest, "full", 1)[state]
-    micro_ratio = pick(longest, "none", 1)[temp] / pick(longest, "none", 1, 1)[temp]
+    micro = pick(longest, "none", 1, 1)
+    micro_ratio = pick(longest, "none", 1)[temp] / micro[temp] if micro else None
     summary = {
         "remat_temp_ratio_none_over_full": round(remat_ratio, 2),
-        "micro_rows_temp_ratio_all_over_one": round(micro_ratio, 2),
+        "micro_rows_temp_ratio_all_over_one": micro_ratio and round(micro_ratio, 2),
         "remat_target_met": remat_ratio >= 4.0,
         "state_per_device_8_over_1": round(state_ratio, 4),
         "state_target_met": state_ratio <= 1 / 6,
         "row_len": longest,
+        "temp_gib_1_device": {remat: round(pick(longest, remat, 1)[temp] / 2**30, 1)
+                              for remat in ("none", "full")},
     }
     print(json.dumps(summary, indent=2))
-    result = {"benchmark": "bench_train_memory", "model": shape, "rows": ROWS, "quick": args.quick,
+    result = {"benchmark": "bench_train_memory", "command": " ".join(["benchmarks/bench_train_memory.py",
+                                                                      *(argv or sys.argv[1:])]),
+              "measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+              "model": shape, "rows": ROWS, "quick": args.quick,
               "jax": jax.__version__, "machine": platform.machine(), "results": rows, "summary": summary}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
