@@ -26,7 +26,6 @@ import collections
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
@@ -133,7 +132,9 @@ def calibrate(model: Qwen3, ids: np.ndarray, segment_ids: np.ndarray, *, version
     if graphdef not in cache:
         cache[graphdef] = _forward(graphdef)
     fn, names = cache[graphdef]
-    values = jax.device_get(fn(state, jnp.asarray(ids, jnp.int32), jnp.asarray(segment_ids, jnp.int32)))
+    # Host arrays, not device arrays: over several processes jit places them replicated beside
+    # the sharded state (a one-device array would clash with the mesh).
+    values = jax.device_get(fn(state, np.asarray(ids, np.int32), np.asarray(segment_ids, np.int32)))
     inputs, kv = module_maxima(model.config, names, values)
     return Calibration(input_amax=inputs, kv_amax=kv, tokens=int(ids.size), sequences=sequences,
                        source_version=int(version), data=data, kv_floor=kv_floor)
@@ -145,16 +146,19 @@ class Calibrator:
     ``observe`` keeps the newest trained sequences (the trainer feeds every step's batch);
     ``prompts`` supplies token ids before any has been observed (task prompts, for version 0).
     Call it from the thread that owns the model (the training thread), never concurrently with
-    a step. Returns ``None`` (no calibration) before any token ids exist, and when training runs
-    over several JAX processes.
+    a step. Returns ``None`` (no calibration) before any token ids exist. ``collective(ids,
+    segment_ids)``: over several JAX processes the forward is a collective; this hook announces it
+    to the other processes and returns the ids they all run on (``trainer_jax.train``).
     """
 
     def __init__(self, model: Qwen3, tokens: int, *,
                  prompts: Callable[[], Iterable[Sequence[int]]] | None = None, keep: int = 64,
-                 kv_floor: float = KV_FLOOR):
+                 kv_floor: float = KV_FLOOR,
+                 collective: Callable[[np.ndarray, np.ndarray], tuple] | None = None):
         if tokens <= 0:
             raise ValueError(f"calibration tokens must be > 0, got {tokens}")
         self.model, self.tokens, self.prompts, self.kv_floor = model, tokens, prompts, kv_floor
+        self.collective = collective
         self.recent: collections.deque[np.ndarray] = collections.deque(maxlen=keep)
         self._compiled: dict = {}
         self.history: list[Calibration] = []
@@ -165,10 +169,6 @@ class Calibrator:
             self.recent.appendleft(np.asarray(s, np.int32))
 
     def __call__(self, version: int) -> Calibration | None:
-        if jax.process_count() > 1:
-            # Over several JAX processes the forward is a collective that only the publishing
-            # process would enter: those versions keep the uncalibrated scales (for now).
-            return None
         if self.recent:
             seqs, data = list(self.recent), "trajectories"
         elif self.prompts is not None:
@@ -176,6 +176,8 @@ class Calibrator:
         else:
             return None
         ids, segs, n = pack_calibration_ids(seqs, self.tokens)
+        if self.collective is not None:
+            ids, segs = self.collective(ids, segs)
         result = calibrate(self.model, ids, segs, version=version, sequences=n, data=data,
                            kv_floor=self.kv_floor, cache=self._compiled)
         self.history.append(result)

@@ -39,9 +39,10 @@ from trainer_jax.config import RunConfig
 from trainer_jax.diagnostics import CollapseAlarms, MetricsSink, alarm_settle_steps, plot_run
 from trainer_jax.evaluation import FleetEvaluator
 from trainer_jax.faults import during, fault_point
+from trainer_jax.follower import follow
 from trainer_jax.learner import Learner
 from trainer_jax.objective import compute_advantages, reduce_metrics
-from trainer_jax.parallel.lockstep import CHECKPOINT, PUBLISH, STEP, STOP, Lockstep, Order
+from trainer_jax.parallel.lockstep import CALIBRATE, CHECKPOINT, PUBLISH, STEP, STOP, Lockstep, Order
 from trainer_jax.parallel.mesh import describe, make_mesh
 from trainer_jax.parallel.rules import ShardingRules
 from trainer_jax.policy import build_policy
@@ -266,39 +267,17 @@ class Trainer:
             inputs, batch = self.lockstep.share((inputs, batch))
             return self.learner.step(inputs, batch)
 
+    def _calibration_ids(self, ids: np.ndarray, segment_ids: np.ndarray) -> tuple:
+        """The calibration forward is a collective too: announce it and share its ids."""
+        self._order(CALIBRATE)
+        return self.lockstep.share((ids, segment_ids))
+
     def _save_checkpoint(self) -> None:
         if self.leader:
             self.meta["task_cursor"] = int(self.source.cursor)
             self._order(CHECKPOINT)
         with self.lockstep.collective():
             self.checkpointer.save(self.meta["step"], self.model, self.learner.optimizer, self.meta)
-
-    def _follow(self) -> dict:
-        """Processes other than 0: run process 0's collectives until it says stop."""
-        self.console.print(f"process {self.lockstep.index}: following process 0's orders")
-        empty = self._pack([], np.zeros(0, np.float32))[:2]  # the batch shapes, for the broadcast
-        try:
-            while True:
-                order = self.lockstep.next_order()
-                self.meta.update(step=order.step, version=order.version)
-                if order.command == STEP:
-                    with self.lockstep.collective():
-                        self.learner.step(*self.lockstep.share(empty))
-                elif order.command == PUBLISH:
-                    with self.lockstep.collective():
-                        snapshot(self.model)  # this process's part of the gathers; process 0 writes
-                elif order.command == CHECKPOINT:
-                    self._save_checkpoint()
-                elif order.command == STOP:
-                    if order.failed:
-                        raise RuntimeError("process 0 stopped on an error (its output says which)")
-                    return {"run_dir": str(self.run_dir), "process": self.lockstep.index,
-                            "steps": order.step}
-                else:
-                    raise RuntimeError(f"unknown order {order.command!r} from process 0")
-        finally:
-            self.checkpointer.close()
-            self.lockstep.finish()
 
     def _step_metrics(self, groups, samples, taken, rewards, result, wait_s, step_s) -> dict:
         values: dict[str, float] = {"loss": result.loss, "grad_norm": result.grad_norm,
@@ -344,14 +323,15 @@ class Trainer:
         self._setup()
         self._warm_start()
         if not self.leader:
-            return self._follow()
+            return follow(self)
         self._start_service()
         wcfg = cfg.train.weights
         # Calibrated scales (trainer_jax.calibration): on recent trajectories, on upcoming task
         # prompts before the first one.
         self.calibrator = Calibrator(self.model, wcfg.calibration_tokens,
                                      kv_floor=wcfg.kv_scale_floor, prompts=lambda: [
-            self.source.spec(self.source.cursor + i).prompt_ids for i in range(16)]) \
+            self.source.spec(self.source.cursor + i).prompt_ids for i in range(16)],
+            collective=self._calibration_ids if self.lockstep.multi else None) \
             if wcfg.calibrate else None
         self.publisher = Publisher(wcfg.root or self.run_dir / "weights", self.qcfg.to_hf_dict(),
                                    self.weight_formats, self.tokenizer_dir, cfg.train.keep_versions,

@@ -32,7 +32,7 @@ tasks:
 service: {listen: "127.0.0.1:0"}
 groups:
   - {name: bf16, recipe: bf16, capacity: 2}
-  - {name: int8, recipe: int8, capacity: 2}
+  - {name: fp8, recipe: fp8, kv_cache_dtype: fp8_e4m3, capacity: 2}
 train: {prompts_per_step: 2, publish_every: 1, checkpoint_every: 2, eval_every: 0, eval_tasks: 0,
         rows: 4, row_len: 32, max_tokens: 64, support_k: 4, episode_tokens: 32, take_timeout_s: 240}
 mesh: {data: 2, fsdp: 2, tensor: 2}
@@ -96,6 +96,15 @@ def test_two_processes_train_checkpoint_resume_and_name_a_killed_process(tmp_pat
     shards = {p.name for p in (run_dir / "checkpoints" / "2").rglob("ocdbt.process_*")}
     assert {"ocdbt.process_0", "ocdbt.process_1"} <= shards, sorted(shards)
     assert _steps(run_dir) == [1, 2]
+    # The publication's calibration forward ran on both processes (the fp8 group's fp8_e4m3 KV
+    # cache takes K/V scales measured on the trajectories trained before v2).
+    from convert.delta import materialize
+    from convert.manifest import read_manifest
+    from convert.store import open_store
+
+    materialize(open_store(run_dir / "weights"), 2, "fp8_block", tmp_path / "v2")
+    calibration = read_manifest(tmp_path / "v2")["calibration"]
+    assert calibration["data"] == "trajectories" and calibration["source_version"] == 2
 
     # Resume as one process on another mesh (8 devices, 4 fsdp x 2 tensor).
     out = subprocess.run(

@@ -3,7 +3,7 @@
 With several JAX processes every collective of the loop (a train step, the gather of a weights
 publication, a checkpoint) must be entered by every process, in the same order, on the same
 batch. Only process 0 talks to the rollout service, so only it knows what comes next: it
-*announces* each collective as an ``Order`` (step, publish, checkpoint, stop) in the JAX
+*announces* each collective as an ``Order`` (step, publish, calibrate, checkpoint, stop) in the JAX
 coordination service's key-value store, then runs it; the other processes wait for the next
 order (a blocking read of the store, not a device collective, so an evaluation of many minutes
 on process 0 times nothing out) and run the same collective. Batches travel as one device
@@ -33,7 +33,7 @@ from typing import Any
 import jax
 import numpy as np
 
-STEP, PUBLISH, CHECKPOINT, STOP = "step", "publish", "checkpoint", "stop"
+STEP, PUBLISH, CALIBRATE, CHECKPOINT, STOP = "step", "publish", "calibrate", "checkpoint", "stop"
 _ORDER, _BEAT, _DONE = "mixrl/order/{}", "mixrl/beat/{}", "mixrl/done/{}"
 LOST_EXIT_CODE = 1
 
