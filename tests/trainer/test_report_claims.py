@@ -182,7 +182,7 @@ def test_summary_document_and_readme_blocks(tmp_path):
     assert text.count("— reproduced.**") >= 3
     r = readme.read_text()
     assert r.startswith("intro\n<!-- results:begin -->\n") and "old" not in r and r.endswith("end\n")
-    assert "sync grid: 4/18 cells" in r and "**reproduced**" in r
+    assert "sync grid: 4/18 cells (seed 0)" in r and "**reproduced**" in r
     assert "0.500 / 0.600 / 0.700" in r and "3/3 runs met the demo's bar" in r and "| 1 | 0.200 → 0.500 | 0.600 → 0.800 | 0.050 | 0.0100 |" in r
 
 

@@ -116,7 +116,8 @@ def plot_group_oor(points: list[dict], path: Path) -> Path | None:
     return _save(plt, fig, path)
 
 
-def plot_curves(results: list[RunResult], out_dir: Path, labels: dict[str, str]) -> list[Path]:
+def plot_curves(results: list[RunResult], out_dir: Path, labels: dict[str, str],
+                only: tuple[str, ...] | None = None) -> list[Path]:
     """One PNG per curve in ``CURVES``: a panel per pool, one line (seed mean) per condition.
 
     Returns the files written (a curve no run has a value of is skipped).
@@ -128,6 +129,8 @@ def plot_curves(results: list[RunResult], out_dir: Path, labels: dict[str, str])
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
     for fname, (metric, title, log) in CURVES.items():
+        if only is not None and fname not in only:
+            continue
         fig, axes = plt.subplots(1, len(pools), figsize=(5.5 * len(pools), 3.6), sharey=True, squeeze=False)
         drew = False
         for ax, pool in zip(axes[0], pools, strict=True):

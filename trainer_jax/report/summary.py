@@ -189,13 +189,15 @@ def readme_results(sweeps: list[SweepRuns], grid: Grid, doc: Path, readme: Path)
             continue
         ok = [r for r in s.results if r.ok]
         steps = sorted({r.steps for r in ok})
-        parts.append(f"{s.name}: {len(ok)}/{len(s.planned) or len(s.results)} cells, {'/'.join(map(str, steps)) or '–'} RL steps")
+        seeds = sorted({r.seed for r in ok})
+        parts.append(f"{s.name}: {len(ok)}/{len(s.planned) or len(s.results)} cells (seed {', '.join(map(str, seeds)) or '–'}), "
+                     f"{'/'.join(map(str, steps)) or '–'} RL steps")
     claims = "; ".join(f"({c.number}) {c.title.split(' (seed')[0]}: **{c.verdict}**" for c in verdicts(grid))
     return (
         f"[`{_rel(doc, readme)}`]({_rel(doc, readme)}) (generated from the run directories by "
         "`python -m trainer_jax.report.summary`): issue 20's experiments in sync mode (staleness 0) on the long "
         f"`chain` task — {'; '.join(parts)}; {total / 60:.0f} min of cell time on 2 shared cores. "
-        f"The seed's claims: {claims}. The numbers behind each verdict are in the document."
+        f"The seed's claims: {claims}. The numbers behind each verdict, and what was cut, are in the document."
     )
 
 
@@ -254,7 +256,7 @@ def write_summary(
     labels = _labels(sweeps)
     grid = Grid.of(results, labels, {})
     fig_dir = doc.parent / doc.stem
-    figures = [f for f in plot_curves(results, fig_dir, labels) if f.stem == "kl"]
+    figures = plot_curves(results, fig_dir, labels, only=("kl",))
     figures += [f for f in (plot_phase(results, fig_dir / "phase.png", labels),
                             plot_group_oor(group_kl_points(results), fig_dir / "group_oor_vs_kl.png")) if f]
     doc.parent.mkdir(parents=True, exist_ok=True)
