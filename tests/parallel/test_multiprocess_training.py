@@ -18,26 +18,17 @@ import time
 from pathlib import Path
 
 import pytest
+from test_mesh_training import CONFIG as MESH_CONFIG
 
 ROOT = Path(__file__).parent.parent.parent
-CONFIG = """
-run: {name: two-processes, seed: 0, steps: 2}
-model: {hidden_size: 32, intermediate_size: 64, num_hidden_layers: 1, num_attention_heads: 4,
-        num_key_value_heads: 2, head_dim: 8}
-sft: {steps: 2, sequences_per_step: 8, rows: 4, row_len: 64, max_tokens: 128}
-tasks:
-  env: arithmetic
-  group_size: 2
-  sampling: {temperature: 1.0, head_k: 4, max_new_tokens: 6}
-service: {listen: "127.0.0.1:0"}
-groups:
-  - {name: bf16, recipe: bf16, capacity: 2}
-  - {name: fp8, recipe: fp8, kv_cache_dtype: fp8_e4m3, capacity: 2}
-train: {prompts_per_step: 2, publish_every: 1, checkpoint_every: 2, eval_every: 0, eval_tasks: 0,
-        rows: 4, row_len: 32, max_tokens: 64, support_k: 4, episode_tokens: 32, take_timeout_s: 240}
-mesh: {data: 2, fsdp: 2, tensor: 2}
-distributed: {heartbeat_timeout_s: 20, initialization_timeout_s: 120}
-"""
+# The single-process mesh test's tiny run, as two processes: 2 steps, a checkpoint at step 2, the
+# second group an fp8 sampler with an fp8_e4m3 KV cache (its exports take calibrated K/V scales).
+CONFIG = (MESH_CONFIG.replace("name: mesh, seed: 0, steps: 3", "name: two-processes, seed: 0, steps: 2")
+          .replace("{name: int8, recipe: int8, capacity: 2}",
+                   "{name: fp8, recipe: fp8, kv_cache_dtype: fp8_e4m3, capacity: 2}")
+          .replace("checkpoint_every: 3", "checkpoint_every: 2")
+          + "mesh: {data: 2, fsdp: 2, tensor: 2}\n"
+          + "distributed: {heartbeat_timeout_s: 20, initialization_timeout_s: 120}\n")
 
 
 def _free_port() -> int:
