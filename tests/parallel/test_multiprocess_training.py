@@ -18,12 +18,12 @@ import time
 from pathlib import Path
 
 import pytest
-from test_mesh_training import CONFIG as MESH_CONFIG
+from loop_configs import TINY_LOOP
 
 ROOT = Path(__file__).parent.parent.parent
 # The single-process mesh test's tiny run, as two processes: 2 steps, a checkpoint at step 2, the
 # second group an fp8 sampler with an fp8_e4m3 KV cache (its exports take calibrated K/V scales).
-CONFIG = (MESH_CONFIG.replace("name: mesh, seed: 0, steps: 3", "name: two-processes, seed: 0, steps: 2")
+CONFIG = (TINY_LOOP.replace("name: mesh, seed: 0, steps: 3", "name: two-processes, seed: 0, steps: 2")
           .replace("{name: int8, recipe: int8, capacity: 2}",
                    "{name: fp8, recipe: fp8, kv_cache_dtype: fp8_e4m3, capacity: 2}")
           .replace("checkpoint_every: 3", "checkpoint_every: 2")
