@@ -29,7 +29,9 @@ def _grads(cfg: Qwen3Config, remat: str, **kw):
 
 
 @pytest.mark.parametrize("config", ["dense_untied_gqa4", "moe_norm_topk"])
-@pytest.mark.parametrize("remat", ["full", "dots_with_no_batch_dims_saveable", "nothing_saveable"])
+# nothing_saveable keeps what "full" keeps (the layer inputs): slow-marked, for the suite's time.
+@pytest.mark.parametrize("remat", ["full", "dots_with_no_batch_dims_saveable",
+                                   pytest.param("nothing_saveable", marks=pytest.mark.slow)])
 def test_remat_changes_no_gradient(config, remat):
     cfg = Qwen3Config(**{**DENSE_CONFIGS, **MOE_CONFIGS}[config])
     plain = jax.tree.leaves(_grads(cfg, "none"))
