@@ -10,7 +10,9 @@
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import os
+import signal
 import sys
 
 from rich.console import Console
@@ -65,6 +67,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     from trainer_jax.train import train  # heavy imports after argument checks
+
+    # `kill -USR1 <pid>` prints every thread's Python stack to stderr: what a stuck run waits on.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
 
     console.print(f"[bold]mixrl[/bold] {cfg.run.name}: {len(cfg.groups)} sampler groups "
                   f"({', '.join(f'{g.name}:{g.recipe}' for g in cfg.groups)}), run dir {cfg.run.dir}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -32,24 +33,44 @@ PLOTS = {
 }
 
 
-def _summary_writer(path: Path):
-    """tensorboardX's writer, imported with torch hidden.
+class _TensorBoardEvents:
+    """A TensorBoard event file written in the caller's thread: one event per step, flushed.
+
+    tensorboardX's ``SummaryWriter`` writes from a thread behind a bounded queue; when that
+    thread dies (a full disk) the next ``add_scalar`` blocks forever on the full queue and the
+    run hangs instead of stopping. Here a failed write raises ``OSError`` where the step is
+    written, like the JSONL beside it.
 
     tensorboardX imports torch when it is installed (only to accept torch tensors as values); the
     trainer process must not load torch (it would contend with JAX for accelerator memory), so a
     ``None`` entry in ``sys.modules`` makes that import fail as if torch were absent.
     """
-    import sys
 
-    hide = "torch" not in sys.modules
-    if hide:
-        sys.modules["torch"] = None  # type: ignore[assignment]
-    try:
-        from tensorboardX import SummaryWriter
-    finally:
+    def __init__(self, path: Path):
+        import sys
+
+        hide = "torch" not in sys.modules
         if hide:
-            del sys.modules["torch"]
-    return SummaryWriter(str(path))
+            sys.modules["torch"] = None  # type: ignore[assignment]
+        try:
+            from tensorboardX.event_file_writer import EventsWriter
+            from tensorboardX.proto.event_pb2 import Event
+            from tensorboardX.proto.summary_pb2 import Summary
+        finally:
+            if hide:
+                del sys.modules["torch"]
+        path.mkdir(parents=True, exist_ok=True)
+        self._event, self._summary = Event, Summary
+        self._writer = EventsWriter(str(path / "events"))
+
+    def write(self, step: int, scalars: dict[str, float]) -> None:
+        values = [self._summary.Value(tag=k, simple_value=v) for k, v in scalars.items()]
+        event = self._event(wall_time=time.time(), step=step, summary=self._summary(value=values))
+        self._writer.write_event(event)
+        self._writer.flush()
+
+    def close(self) -> None:
+        self._writer.close()
 
 
 class MetricsSink:
@@ -62,7 +83,7 @@ class MetricsSink:
         self._jsonl = open(self.run_dir / METRICS_FILE, "a", buffering=1)
         self._tb = None
         if tensorboard:
-            self._tb = _summary_writer(self.run_dir / "tensorboard")
+            self._tb = _TensorBoardEvents(self.run_dir / "tensorboard")
         self._wandb, self._wandb_step = None, -1
         if wandb is not None:
             import wandb as wb
@@ -77,9 +98,8 @@ class MetricsSink:
         record.update({k: _plain(v) for k, v in values.items()})
         self._jsonl.write(json.dumps(record) + "\n")
         if self._tb is not None:
-            for k, v in record.items():
-                if k != "step" and isinstance(v, (int, float)) and math.isfinite(v):
-                    self._tb.add_scalar(k, v, step)
+            self._tb.write(int(step), {k: float(v) for k, v in record.items() if k != "step"
+                                       and isinstance(v, (int, float)) and math.isfinite(v)})
         # W&B steps only move forward: warm-start records (negative steps) stay in the JSONL.
         if self._wandb is not None and step >= max(0, self._wandb_step):
             self._wandb.log({k: v for k, v in record.items() if k != "step" and isinstance(v, (int, float))},

@@ -116,7 +116,12 @@ class Trainer:
         assert _state(self.proc.pid) == "T", "the trainer should be stopped at its fault point"
 
     def wait(self, timeout: float = 300) -> int:
-        rc = self.proc.wait(timeout)
+        try:
+            rc = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:  # stuck: its threads' stacks say on what (cli.py, SIGUSR1)
+            self.proc.send_signal(signal.SIGUSR1)
+            time.sleep(3)
+            pytest.fail(f"trainer still running after {timeout} s:\n{self.output[-12000:]}")
         self._reader.join(10)
         return rc
 

@@ -1,4 +1,8 @@
 import json
+import struct
+import subprocess
+import sys
+import textwrap
 
 import pytest
 
@@ -14,10 +18,54 @@ def test_sink_writes_jsonl_and_tensorboard_and_plots(tmp_path):
     sink.close()
     records = read_metrics(tmp_path)
     assert len(records) == 12 and records[3]["step"] == 3 and records[3]["entropy"] is None
-    assert any(p.name.startswith("events") for p in (tmp_path / "tensorboard").iterdir())
+    events = _read_events(tmp_path / "tensorboard")
+    assert [e.step for e in events] == list(range(12))
+    scalars = {v.tag: v.simple_value for v in events[3].summary.value}
+    assert scalars["k3"] == pytest.approx(4e-3) and scalars["group/fp8/k3"] == pytest.approx(2e-3)
+    assert "entropy" not in scalars  # NaN is left out of TensorBoard (null in the JSONL)
     written = {p.name for p in plot_run(tmp_path)}
     assert {"reward.png", "kl.png", "grad_norm.png", "terminations.png"} <= written
     assert (tmp_path / "plots" / "kl.png").stat().st_size > 1000
+
+
+
+def _read_events(directory):
+    """The step events of the one event file in ``directory`` (TFRecord framing, no CRC check)."""
+    from tensorboardX.proto.event_pb2 import Event
+
+    (path,) = list(directory.iterdir())
+    data, events, pos = path.read_bytes(), [], 0
+    while pos < len(data):
+        (n,) = struct.unpack("<Q", data[pos:pos + 8])
+        events.append(Event.FromString(data[pos + 12:pos + 12 + n]))
+        pos += 12 + n + 4
+    return [e for e in events if e.HasField("summary")]
+
+
+def test_a_full_disk_stops_the_writer_at_once():
+    """tensorboardX's queued writer thread died on a full disk and the next step blocked forever
+    on its queue (a trainer hang seen in CI); the sink raises where the step is written."""
+    script = textwrap.dedent("""
+        import resource, sys, tempfile
+        from trainer_jax.diagnostics import MetricsSink
+        sink = MetricsSink(tempfile.mkdtemp())
+        sink.write(0, {"loss": 1.0})
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1, 1))
+        # the TensorBoard writer alone ("tb": the old writer's thread died while the JSONL's
+        # line of that step had gone through), or the whole sink
+        write = sink._tb.write if sys.argv[1] == "tb" else sink.write
+        for step in range(1, 100):
+            try:
+                write(step, {f"metric/{i}": float(i) for i in range(40)})
+            except OSError as e:
+                print("stopped at", step, e)
+                break
+    """)
+    for kind in ("tb", "jsonl"):
+        out = subprocess.run([sys.executable, "-c", script, kind], capture_output=True, text=True,
+                             timeout=60)
+        assert out.returncode == 0 and "stopped at 1 " in out.stdout and "File too large" in out.stdout, \
+            out.stdout + out.stderr
 
 
 def test_partial_last_line_is_tolerated_but_corruption_is_not(tmp_path):
