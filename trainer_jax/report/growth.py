@@ -70,4 +70,11 @@ def k3_trend(records: list[dict], *, until: int | None = None) -> Trend:
     return Trend(slope, se, math.exp(slope * (x[-1] - x[0])), len(pts))
 
 
-__all__ = ["GROWTH_FOLD", "NO_TREND", "Trend", "k3_trend"]
+def mean_fold(trends: list[Trend]) -> float:
+    """The seeds' fitted folds averaged as a geometric mean: the fold of their mean slope over the
+    same steps (an arithmetic mean would make 0.5x and 2x a rise of 1.25x); NaN without a fit."""
+    logs = [math.log(t.fold) for t in trends if t.n and t.fold > 0 and not math.isnan(t.fold)]
+    return math.exp(sum(logs) / len(logs)) if logs else math.nan
+
+
+__all__ = ["GROWTH_FOLD", "NO_TREND", "Trend", "k3_trend", "mean_fold"]

@@ -107,9 +107,11 @@ def _thirds(xs: list[float]) -> tuple[float, float]:
 def collapse_step(records: list[dict], settle_steps: int = 0) -> tuple[int | None, str, int | None]:
     """First step of a sustained reward collapse, its reason, and the first KL alarm step.
 
-    A collapse is CollapseAlarms' reward or empty-reply alarm, or the reward's moving average at ~0
-    after having been above it, holding at *every* step from there to the end of the run (and for at
-    least the alarm window): a dip the run recovers from is noise of a small batch, not a collapse.
+    A collapse is CollapseAlarms' reward alarm (only once its best moving average rose above
+    ``REWARD_FLOOR``: a reward that never left ~0 has nothing to collapse from) or empty-reply
+    alarm, or the reward's moving average at ~0 after having been above it, holding at *every* step
+    from there to the end of the run (and for at least the alarm window): a dip the run recovers
+    from is noise of a small batch, not a collapse.
     The KL alarm is the first step at which it fired, with the baseline taken after
     ``settle_steps`` (``alarm_settle_steps``, as the trainer does: before then k3 measures only the
     precision mismatch, and the first stale batches multiply it).
@@ -127,7 +129,9 @@ def collapse_step(records: list[dict], settle_steps: int = 0) -> tuple[int | Non
         fired = alarms.update(r.get("reward_mean"), r.get("k3"), r.get("termination/empty_reply", 0.0))
         if first_kl is None and any(a.startswith("KL") for a in fired):
             first_kl = r["step"]
-        why = next((a for a in fired if not a.startswith("KL")), "")
+        noise = alarms.best_reward <= REWARD_FLOOR  # half of a best that never left ~0 is noise
+        why = next((a for a in fired if not a.startswith("KL") and not (noise and a.startswith("reward"))),
+                   "")
         if r.get("reward_mean") is not None:
             rewards.append(r["reward_mean"])
             window = rewards[-alarms.window :]

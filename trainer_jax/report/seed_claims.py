@@ -21,7 +21,7 @@ import math
 import numpy as np
 
 from trainer_jax.report.grid import Grid
-from trainer_jax.report.growth import GROWTH_FOLD
+from trainer_jax.report.growth import GROWTH_FOLD, mean_fold
 from trainer_jax.report.runs import EVAL_COLLAPSE, RunResult, nanmean, pooled_attribution
 from trainer_jax.report.tables import fmt
 
@@ -49,9 +49,14 @@ def _when(r: RunResult) -> str:
     return f"held-out pass@1 {r.eval_start:.3f} → {r.eval_final:.3f}"
 
 
+def _tag(r: RunResult, rs: list[RunResult]) -> str:
+    """``seedN: `` when ``rs`` holds several seeds (which one collapsed, which one grew), else ""."""
+    return f"seed{r.seed}: " if len({x.seed for x in rs}) > 1 else ""
+
+
 def collapse_summary(rs: list[RunResult]) -> str:
     down = [r for r in rs if r.collapsed]
-    return f"{len(down)}/{len(rs)} collapsed" + (f" ({'; '.join(_when(r) for r in down)})" if down else "")
+    return f"{len(down)}/{len(rs)} collapsed" + (f" ({'; '.join(_tag(r, rs) + _when(r) for r in down)})" if down else "")
 
 
 def _censored_step(r: RunResult) -> float:
@@ -251,7 +256,7 @@ def growth_section(grid: Grid) -> list[str]:
         "## Growth of the mismatch: slope of ln k3",
         "",
         "Least-squares slope of ln k3 against RL step per run (seed mean ± mean standard error), the fold change "
-        "that line implies over the run, each seed's label, and the collapse steps. Growth: slope > 2 s.e. and "
+        "that line implies over the run (geometric seed mean), each seed's label, and the collapse steps. Growth: slope > 2 s.e. and "
         f">= {GROWTH_FOLD:g}x over the run; shrinking: the mirror image; bounded: neither.",
         "",
         "| condition | pool | sigma | seeds | k3 first 2 steps | slope of ln k3 / step | fold over run | per seed | collapses | slope before collapse | held-out pass@1 start → final |",
@@ -262,14 +267,14 @@ def growth_section(grid: Grid) -> list[str]:
             rs = grid.runs(p, c)
             if not rs:
                 continue
-            coll = [_when(r) for r in rs if r.collapsed]
-            pre = [_before(r).slope for r in rs if r.collapsed and _before(r).n]
+            coll = [_tag(r, rs) + _when(r) for r in rs if r.collapsed]
+            pre = [f"{_tag(r, rs)}{_before(r).slope:+.3f}" for r in rs if r.collapsed and _before(r).n]
             rows.append(
                 f"| {grid.label(c)} | {p} | {fmt(nanmean([r.sigma for r in rs]), 'g')} | {len(rs)}/{len(grid.by[(p, c)])} | "
                 f"{fmt(nanmean([r.k3_start for r in rs]), '.2e')} | "
                 f"{fmt(nanmean([r.trend.slope for r in rs]), '+.4f')} ± {fmt(nanmean([r.trend.se for r in rs]), '.4f')} | "
-                f"{fmt(nanmean([r.trend.fold for r in rs]), '.2f')}x | {', '.join(r.trend.label for r in rs)} | "
-                f"{'; '.join(coll) or 'none'} | {', '.join(f'{s:+.3f}' for s in pre) or '–'} | "
+                f"{fmt(mean_fold([r.trend for r in rs]), '.2f')}x | {', '.join(_tag(r, rs) + r.trend.label for r in rs)} | "
+                f"{'; '.join(coll) or 'none'} | {', '.join(pre) or '–'} | "
                 f"{fmt(nanmean([r.eval_start for r in rs]))} → {fmt(nanmean([r.eval_final for r in rs]))} |"
             )
     return rows + [""]

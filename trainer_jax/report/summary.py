@@ -107,6 +107,17 @@ def _rel(path: Path, doc: Path) -> str:
     return os.path.relpath(path, doc.parent)
 
 
+def _seed_start(grid: Grid, seed: int) -> str:
+    """Where one seed's runs started: held-out pass@1 before RL (cells without logit noise, whose
+    evaluation is the bf16 policy's) and the median over its runs of the best training reward."""
+    rs = [r for r in grid.ok if r.seed == seed]
+    best = [max((x.get("reward_mean") or 0.0) for x in r.records) for r in rs if r.records]
+    return (
+        f"seed {seed}: held-out pass@1 at the start of RL {fmt(nanmean([r.eval_start for r in rs if math.isnan(r.sigma)]))} "
+        f"(cells without logit noise), best training reward of a run {fmt(statistics.median(best) if best else math.nan)} (median)"
+    )
+
+
 def reading_notes(grid: Grid) -> list[str]:
     """Caveats that follow from what the grid holds (not numbers: those are in the sections)."""
     notes = [
@@ -115,6 +126,13 @@ def reading_notes(grid: Grid) -> list[str]:
         "still writes the expected form, not whether whole chains are right (training rewards, the mean "
         "correct-prefix share, are a few hundredths)."
     ]
+    seeds = sorted({r.seed for r in grid.ok})
+    if len(seeds) > 1:
+        notes.append(
+            "Each seed starts RL from its own warm start (same settings, its own initialisation and data): "
+            + "; ".join(_seed_start(grid, s) for s in seeds) + ". A seed that starts low has little to lose: "
+            "read its collapses against its own starting level."
+        )
     if any(not math.isnan(r.sigma) for r in grid.ok):
         notes.append(
             "In the dial grid every sampler group, the evaluation group included, adds the logit noise: its "

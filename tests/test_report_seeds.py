@@ -1,0 +1,75 @@
+"""The issue-20 report with two seeds per cell: which seed grew or collapsed is named, and the fold
+over the run is the geometric seed mean (the fold of the mean slope), not the arithmetic one."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from trainer_jax.report import collect
+from trainer_jax.report.grid import Grid
+from trainer_jax.report.seed_claims import growth_section, verdicts
+
+N = 24
+
+
+def _run(root: Path, pool: str, cond: str, seed: int, rate: float, eval_end: float = 0.8) -> None:
+    """A finished run whose k3 changes by ``exp(rate)`` a step; held-out pass@1 0.8 -> ``eval_end``."""
+    run = root / pool / cond / f"seed{seed}"
+    run.mkdir(parents=True)
+    recs = [
+        {"step": s, "loss": 0.1, "reward_mean": 0.04, "k3": 1e-3 * math.exp(rate * s)}
+        for s in range(1, N + 1)
+    ]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    (run / "summary.json").write_text(
+        json.dumps({"eval_start": {"eval/pass@1": 0.8}, "eval_end": {"eval/pass@1": eval_end}})
+    )
+    (run / "cell.json").write_text(json.dumps({"ok": True, "wall_s": 30.0, "command": []}))
+
+
+def test_two_seeds_are_named_and_folds_average_geometrically(tmp_path):
+    # GRPO / mixed: seed 0's k3 falls 2.2x over the run, seed 1's rises 2.2x (and its held-out pass
+    # falls); the seed mean slope is 0, so the fold over the run must read 1.00x (arithmetic: 1.33x).
+    r = math.log(2.2) / (N - 1)
+    _run(tmp_path, "mixed", "grpo", 0, -r)
+    _run(tmp_path, "mixed", "grpo", 1, r, eval_end=0.2)
+    _run(tmp_path, "homogeneous", "grpo", 0, 0.0)
+    _run(tmp_path, "homogeneous", "grpo", 1, 0.0)
+    grid = Grid.of(collect(tmp_path), {"grpo": "GRPO"}, {})
+    row = next(line for line in growth_section(grid) if line.startswith("| GRPO | mixed |"))
+    cols = [c.strip() for c in row.strip("|").split("|")]
+    assert cols[3] == "2/2" and cols[6] == "1.00x", row
+    assert cols[7] == "seed0: shrinking, seed1: growth", row
+    assert cols[8] == "seed1: held-out pass@1 0.800 → 0.200", row
+    homog = next(line for line in growth_section(grid) if line.startswith("| GRPO | homogeneous |"))
+    assert "seed0: bounded, seed1: bounded" in homog and "| none |" in homog
+    c1 = verdicts(grid)[0]
+    assert "GRPO / mixed: 1/2 collapsed (seed1: held-out pass@1 0.800 → 0.200)" in c1.text
+    assert "GRPO / homogeneous: 0/2 collapsed" in c1.text
+
+
+def test_reward_alarm_needs_a_reward_off_zero():
+    # Seed 1 of issue 20's sweeps: a warm start that left rewards at a few thousandths, whose
+    # half-of-best alarm fired on noise (0.002 vs best 0.005); the same shape 10x higher collapses.
+    from trainer_jax.report.runs import collapse_step
+
+    shape = [3, 4, 5, 5, 5, 4, 5, 5, 4, 5, 4, 5, 3, 2, 2, 1, 1, 1, 1, 1, 1, 1, 1, 1]
+    tiny = [{"step": s, "reward_mean": 1e-3 * x} for s, x in enumerate(shape, 1)]
+    real = [{"step": s, "reward_mean": 1e-2 * x} for s, x in enumerate(shape, 1)]
+    assert collapse_step(tiny)[0] is None
+    step, why, _ = collapse_step(real)
+    assert step is not None and why.startswith("reward collapsing")
+
+
+def test_two_seeds_note_where_each_started(tmp_path):
+    from trainer_jax.report.summary import reading_notes
+
+    _run(tmp_path, "mixed", "grpo", 0, 0.0)
+    _run(tmp_path, "mixed", "grpo", 1, 0.0)
+    grid = Grid.of(collect(tmp_path), {"grpo": "GRPO"}, {})
+    note = next(n for n in reading_notes(grid) if n.startswith("Each seed starts RL"))
+    assert "seed 0: held-out pass@1 at the start of RL 0.800" in note and "seed 1:" in note
+    one = Grid.of([r for r in collect(tmp_path) if r.seed == 0], {"grpo": "GRPO"}, {})
+    assert not any(n.startswith("Each seed") for n in reading_notes(one))
