@@ -5,6 +5,10 @@ Production runs never set ``MIXRL_FAULT_POINT`` and every call here returns at o
 ``MIXRL_FAULT_MARKER=<file>``; on reaching the point the process writes the marker (its pid and
 the point's name) and stops itself with SIGSTOP, which freezes every thread at once (a background
 publish or checkpoint commit included), so the test's SIGKILL lands while the work is in flight.
+
+``MIXRL_FAULT_HOLD=<name>[:<n>]`` holds only the thread that reaches the point (the rollout
+service keeps serving): the process writes ``<marker>.hold`` and waits until the test removes it.
+A test uses it to order events, e.g. to let an external sampler join before the run goes on.
 """
 
 from __future__ import annotations
@@ -12,40 +16,55 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 FAULT_ENV = "MIXRL_FAULT_POINT"
 MARKER_ENV = "MIXRL_FAULT_MARKER"
+HOLD_ENV = "MIXRL_FAULT_HOLD"
 POINTS = ("learner_step", "publish", "checkpoint")
 
 _seen: Counter[str] = Counter()
 _lock = threading.Lock()
 
 
+def _chosen(env: str, name: str) -> int | None:
+    """The occurrence of ``name`` that ``env`` arms (``None``: not armed)."""
+    point, _, nth = os.environ.get(env, "").partition(":")
+    return int(nth or 1) if point == name else None
+
+
 def _armed(name: str) -> bool:
-    spec = os.environ.get(FAULT_ENV, "")
-    point, _, nth = spec.partition(":")
-    return bool(spec) and point == name
+    return _chosen(FAULT_ENV, name) is not None
+
+
+def _write_marker(path: str, name: str) -> None:
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(f"{os.getpid()} {name}\n")
+    os.replace(tmp, path)
 
 
 def fault_point(name: str) -> None:
-    """Freeze this process here if the test armed ``name`` (and this is the chosen occurrence)."""
-    if not _armed(name):
+    """Freeze this process here if the test armed ``name`` (and this is the chosen occurrence),
+    or hold this thread here until the test releases it (``MIXRL_FAULT_HOLD``)."""
+    stop, hold = _chosen(FAULT_ENV, name), _chosen(HOLD_ENV, name)
+    if stop is None and hold is None:
         return
-    nth = int(os.environ[FAULT_ENV].partition(":")[2] or 1)
     with _lock:
         _seen[name] += 1
-        if _seen[name] != nth:
-            return
+        seen = _seen[name]
     marker = os.environ.get(MARKER_ENV)
-    if marker:
-        tmp = f"{marker}.tmp-{os.getpid()}"
-        with open(tmp, "w") as f:
-            f.write(f"{os.getpid()} {name}\n")
-        os.replace(tmp, marker)
-    os.kill(os.getpid(), signal.SIGSTOP)
+    if seen == hold and marker:
+        _write_marker(f"{marker}.hold", name)
+        while os.path.exists(f"{marker}.hold"):
+            time.sleep(0.05)
+    if seen == stop:
+        if marker:
+            _write_marker(marker, name)
+        os.kill(os.getpid(), signal.SIGSTOP)
 
 
 def during(name: str, tensors: Mapping[str, Any]) -> Mapping[str, Any] | Callable[[], Iterator]:

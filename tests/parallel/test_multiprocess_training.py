@@ -39,7 +39,8 @@ def _free_port() -> int:
 
 def _env(devices: int, **extra: str) -> dict[str, str]:
     return {**os.environ, "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "2",
-            "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}", **extra}
+            "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices} "
+                         "--xla_backend_optimization_level=0", **extra}
 
 
 def _start_pair(cfg: Path, run_dir: Path, *args: str) -> list[subprocess.Popen]:

@@ -26,6 +26,7 @@ import pytest
 
 from convert.publish import latest_version, list_versions
 from convert.verify import VerifyReport, verify_version
+from sampler_torch.client import RolloutClient
 from trainer_jax.checkpoint import verify_manifest
 
 BIN = Path(sys.executable).parent
@@ -82,11 +83,14 @@ def _no_frozen_trainer_left():
 class Trainer:
     """A ``mixrl-train`` process whose output lines are kept with the time they arrived."""
 
-    def __init__(self, cfg: Path, run_dir: Path, *extra: str, fault: str | None = None):
+    def __init__(self, cfg: Path, run_dir: Path, *extra: str, fault: str | None = None,
+                 hold: str | None = None):
         env = dict(os.environ)
         self.marker = run_dir.parent / f"fault-{time.monotonic_ns()}"
-        if fault:
-            env.update(MIXRL_FAULT_POINT=fault, MIXRL_FAULT_MARKER=str(self.marker))
+        self.hold_marker = Path(f"{self.marker}.hold")
+        if fault or hold:
+            env.update(MIXRL_FAULT_POINT=fault or "", MIXRL_FAULT_HOLD=hold or "",
+                       MIXRL_FAULT_MARKER=str(self.marker))
         self.t0 = time.monotonic()
         self.proc = subprocess.Popen(
             [BIN / "mixrl-train", "--config", cfg, "--run-dir", run_dir, *extra], env=env,
@@ -114,6 +118,17 @@ class Trainer:
             assert time.monotonic() < deadline, f"fault point not reached:\n{self.output[-3000:]}"
             time.sleep(0.1)
         assert _state(self.proc.pid) == "T", "the trainer should be stopped at its fault point"
+
+    def wait_held(self, timeout: float = 240) -> None:
+        """Until the trainer's main thread holds at its hold point (the service keeps serving)."""
+        deadline = time.monotonic() + timeout
+        while not self.hold_marker.exists():
+            assert self.proc.poll() is None, f"trainer exited:\n{self.output[-3000:]}"
+            assert time.monotonic() < deadline, f"hold point not reached:\n{self.output[-3000:]}"
+            time.sleep(0.1)
+
+    def release(self) -> None:
+        self.hold_marker.unlink()
 
     def wait(self, timeout: float = 300) -> int:
         try:
@@ -213,7 +228,10 @@ def test_kill_during_learner_step_corrupt_checkpoints_and_a_sampler_holding_newe
     cfg, port = _config(tmp_path, external=True, keep_checkpoints=3)
     run_dir = tmp_path / "run"
     weights, checkpoints = run_dir / "weights", run_dir / "checkpoints"
-    first = Trainer(cfg, run_dir, fault="learner_step:8")  # frozen before step 8's update
+    # Held before step 1's update until the external sampler has joined (a trainer whose steps
+    # compile from cache can reach step 8 before a sampler process has even imported torch),
+    # then frozen before step 8's update.
+    first = Trainer(cfg, run_dir, fault="learner_step:8", hold="learner_step:1")
     # An external sampler joins by address (not spawned: it must survive the trainer's death).
     deadline = time.monotonic() + 240
     while not ((run_dir / "token").is_file() and (weights / "v00000000" / "bf16").is_dir()):
@@ -229,6 +247,14 @@ def test_kill_during_learner_step_corrupt_checkpoints_and_a_sampler_holding_newe
              "--episode-tokens", "32", "--weights-transfer", "shared", "--name", "ext-0",
              "--weights-cache", tmp_path / "ext-cache"], stdout=log, stderr=subprocess.STDOUT)
     try:
+        first.wait_held()
+        with RolloutClient(f"127.0.0.1:{port}", (run_dir / "token").read_text().strip(),
+                           group="ext") as client:
+            deadline = time.monotonic() + 240
+            while "ext-0" not in [s.name for s in client.status().samplers]:
+                assert ext.poll() is None and time.monotonic() < deadline, ext_log.read_text()[-3000:]
+                time.sleep(0.2)
+        first.release()
         first.wait_frozen()
         assert sorted(os.listdir(checkpoints), key=int) == ["2", "4", "6"]
 
