@@ -73,3 +73,19 @@ def test_two_seeds_note_where_each_started(tmp_path):
     assert "seed 0: held-out pass@1 at the start of RL 0.800" in note and "seed 1:" in note
     one = Grid.of([r for r in collect(tmp_path) if r.seed == 0], {"grpo": "GRPO"}, {})
     assert not any(n.startswith("Each seed") for n in reading_notes(one))
+
+
+def test_a_held_out_collapse_is_more_than_sampling_noise():
+    """Halving a small pass rate over few samples is noise; over many, or from a high start, not."""
+    from trainer_jax.report.runs import RunResult
+
+    def run(start: float, end: float, samples: int) -> RunResult:
+        r = RunResult("mixed", "grpo", 0, Path("."), ok=True, eval_samples=samples)
+        r.eval_start, r.eval_final = start, end
+        return r
+
+    assert not run(15 / 128, 7 / 128, 128).eval_collapsed  # 1.8 standard errors
+    assert run(15 / 128, 7 / 128, 1024).eval_collapsed  # the same rates over 8x the samples
+    assert run(0.8, 0.2, 128).eval_collapsed
+    assert not run(0.8, 0.5, 128).eval_collapsed  # a significant drop, but not to half
+    assert run(15 / 128, 7 / 128, 0).eval_collapsed  # sample count unknown: the ratio decides

@@ -25,6 +25,10 @@ REWARD_FLOOR = 0.02
 # the training reward's scale (issue 20's chain task pays partial credit of a few hundredths, too
 # small for REWARD_FLOOR's absolute test; the seed's collapse is pass@4 going to 0).
 EVAL_COLLAPSE = 0.5
+# ...and by more than this many standard errors of the difference of two pass rates over the
+# run's held-out samples (tasks x eval_k, taken as independent, which if anything understates the
+# noise): 15 -> 7 passes of 128 halves pass@1 but is sampling noise (1.8 s.e.).
+EVAL_COLLAPSE_SE = 2.0
 
 
 @dataclasses.dataclass
@@ -64,12 +68,21 @@ class RunResult:
     #: per sampler group, its numerics (recipe / KV dtype / attention / logit noise), from the config
     group_recipes: dict[str, str] = dataclasses.field(default_factory=dict)
     error: str = ""
+    #: held-out samples behind each pass@1 (eval tasks x eval_k; 0 when unknown)
+    eval_samples: int = 0
 
     @property
     def eval_collapsed(self) -> bool:
-        """Held-out pass@1 at the end below ``EVAL_COLLAPSE`` x its start (False when either is missing)."""
+        """Held-out pass@1 at the end below ``EVAL_COLLAPSE`` x its start and lower by more than
+        ``EVAL_COLLAPSE_SE`` standard errors (False when either is missing)."""
         a, b = self.eval_start, self.eval_final
-        return not (math.isnan(a) or math.isnan(b)) and a > 0 and b < EVAL_COLLAPSE * a
+        if math.isnan(a) or math.isnan(b) or a <= 0 or b >= EVAL_COLLAPSE * a:
+            return False
+        if self.eval_samples <= 0:  # the sample count is unknown: the ratio alone decides
+            return True
+        p = (a + b) / 2
+        se = math.sqrt(2 * p * (1 - p) / self.eval_samples)
+        return a - b > EVAL_COLLAPSE_SE * se
 
     @property
     def collapsed(self) -> bool:
@@ -285,6 +298,8 @@ def summarize_run(run_dir: Path, pool: str, condition: str, seed: int) -> RunRes
     cfg = _cell_config(cell)
     settle = alarm_settle_steps(_warmup_steps(cfg))
     res.group_recipes = _group_recipes(cfg)
+    if cfg is not None:
+        res.eval_samples = cfg.train.eval_tasks * cfg.train.eval_k
     res.collapse_step, res.collapse_reason, res.kl_alarm_step = collapse_step(steps, settle)
     k3 = [r["k3"] for r in steps if r.get("k3") is not None]
     res.mean_k3 = nanmean(k3)

@@ -22,7 +22,7 @@ import numpy as np
 
 from trainer_jax.report.grid import Grid
 from trainer_jax.report.growth import GROWTH_FOLD, mean_fold
-from trainer_jax.report.runs import EVAL_COLLAPSE, RunResult, nanmean, pooled_attribution
+from trainer_jax.report.runs import EVAL_COLLAPSE, EVAL_COLLAPSE_SE, RunResult, nanmean, pooled_attribution
 from trainer_jax.report.tables import fmt
 
 REPRODUCED, NOT_REPRODUCED, NOT_OBSERVABLE = "reproduced", "not reproduced", "not observable here"
@@ -242,7 +242,8 @@ def claims_section(grid: Grid) -> list[str]:
         "",
         "Each verdict is computed from the runs above (`trainer_jax/report/seed_claims.py`): growth = slope of "
         f"ln k3 per step > 2 standard errors with a >= {GROWTH_FOLD:g}x fitted rise over the run; collapse: the reward "
-        f"collapse of the main table, or held-out pass@1 ending below {EVAL_COLLAPSE:g}x its start (the chain task's "
+        f"collapse of the main table, or held-out pass@1 ending below {EVAL_COLLAPSE:g}x its start and lower by more "
+        f"than {EVAL_COLLAPSE_SE:g} standard errors of the difference over its held-out samples (the chain task's "
         "partial-credit rewards are too small for the reward floor).",
         "",
     ]
