@@ -21,6 +21,7 @@ the threads on a memory-bound CPU.
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import threading
 from collections.abc import Callable, Iterable, Sequence
@@ -276,13 +277,24 @@ def _pool() -> ThreadPoolExecutor:
 def parallel_map(fn: Callable[..., _T], items: Sequence | Iterable) -> list[_T]:
     """``[fn(item) for item in items]`` on the shared pool (inline for one item or one thread).
 
-    Tasks submitted from a pool thread run inline, so nested use cannot deadlock the pool.
+    Tasks submitted from a pool thread run inline, so nested use cannot deadlock the pool. When a
+    task raises, the first error (in item order) is raised only after every started task has
+    ended and the rest were cancelled: a caller's cleanup (say, removing a temp directory) never
+    races a task still writing into it.
     """
     items = list(items)
     if len(items) <= 1 or num_threads() == 1 or threading.current_thread().name.startswith(
             "mixrl-convert"):
         return [fn(item) for item in items]
-    return list(_pool().map(fn, items))
+    futures = [_pool().submit(fn, item) for item in items]
+    concurrent.futures.wait(futures, return_when=concurrent.futures.FIRST_EXCEPTION)
+    for f in futures:
+        f.cancel()  # not started yet: never will
+    concurrent.futures.wait(futures)
+    for f in futures:
+        if not f.cancelled() and f.exception() is not None:
+            raise f.exception()
+    return [f.result() for f in futures]
 
 
 def parallel_ranges(fn: Callable[[int, int], object], n: int, chunk: int) -> None:

@@ -95,3 +95,26 @@ def test_parallel_map_matches_serial_and_propagates_errors():
 
     with pytest.raises(RuntimeError, match="seven"):
         nm.parallel_map(boom, range(20))
+
+
+def test_parallel_map_raises_only_once_every_started_task_ended(monkeypatch):
+    """A failed delta apply left a temp directory behind: the caller removed it while another
+    file's task was still writing into it. The error now waits for the running tasks."""
+    import threading
+    import time
+
+    monkeypatch.setenv("MIXRL_CONVERT_THREADS", "2")
+    started, ended = threading.Event(), threading.Event()
+
+    def task(i):
+        if i == 0:
+            started.set()
+            time.sleep(0.5)
+            ended.set()
+            return i
+        started.wait(5)
+        raise RuntimeError("fails while item 0 runs")
+
+    with pytest.raises(RuntimeError, match="while item 0"):
+        nm.parallel_map(task, [1, 0])  # the failing item first: its error is the first in order
+    assert ended.is_set()
