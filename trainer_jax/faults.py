@@ -21,6 +21,8 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+from convert.atomic import atomic_write_text
+
 FAULT_ENV = "MIXRL_FAULT_POINT"
 MARKER_ENV = "MIXRL_FAULT_MARKER"
 HOLD_ENV = "MIXRL_FAULT_HOLD"
@@ -40,13 +42,6 @@ def _armed(name: str) -> bool:
     return _chosen(FAULT_ENV, name) is not None
 
 
-def _write_marker(path: str, name: str) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(f"{os.getpid()} {name}\n")
-    os.replace(tmp, path)
-
-
 def fault_point(name: str) -> None:
     """Freeze this process here if the test armed ``name`` (and this is the chosen occurrence),
     or hold this thread here until the test releases it (``MIXRL_FAULT_HOLD``)."""
@@ -58,12 +53,12 @@ def fault_point(name: str) -> None:
         seen = _seen[name]
     marker = os.environ.get(MARKER_ENV)
     if seen == hold and marker:
-        _write_marker(f"{marker}.hold", name)
+        atomic_write_text(f"{marker}.hold", f"{os.getpid()} {name}\n")
         while os.path.exists(f"{marker}.hold"):
             time.sleep(0.05)
     if seen == stop:
         if marker:
-            _write_marker(marker, name)
+            atomic_write_text(marker, f"{os.getpid()} {name}\n")
         os.kill(os.getpid(), signal.SIGSTOP)
 
 

@@ -110,22 +110,25 @@ class Trainer:
     def output(self) -> str:
         return "\n".join(line for _, line in self.lines)
 
+    def _wait_marker(self, marker: Path, what: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while not marker.exists():
+            assert self.proc.poll() is None, f"trainer exited:\n{self.output[-3000:]}"
+            assert time.monotonic() < deadline, f"{what} not reached:\n{self.output[-3000:]}"
+            time.sleep(0.1)
+
     def wait_frozen(self, timeout: float = 240) -> None:
         """Until the trainer stopped itself at its fault point."""
-        deadline = time.monotonic() + timeout
-        while not self.marker.exists():
-            assert self.proc.poll() is None, f"trainer exited:\n{self.output[-3000:]}"
-            assert time.monotonic() < deadline, f"fault point not reached:\n{self.output[-3000:]}"
-            time.sleep(0.1)
-        assert _state(self.proc.pid) == "T", "the trainer should be stopped at its fault point"
+        self._wait_marker(self.marker, "fault point", timeout)
+        # The marker is written just before the SIGSTOP the process sends itself: allow it to land.
+        deadline = time.monotonic() + 10
+        while _state(self.proc.pid) != "T":
+            assert time.monotonic() < deadline, "the trainer should be stopped at its fault point"
+            time.sleep(0.01)
 
     def wait_held(self, timeout: float = 240) -> None:
         """Until the trainer's main thread holds at its hold point (the service keeps serving)."""
-        deadline = time.monotonic() + timeout
-        while not self.hold_marker.exists():
-            assert self.proc.poll() is None, f"trainer exited:\n{self.output[-3000:]}"
-            assert time.monotonic() < deadline, f"hold point not reached:\n{self.output[-3000:]}"
-            time.sleep(0.1)
+        self._wait_marker(self.hold_marker, "hold point", timeout)
 
     def release(self) -> None:
         self.hold_marker.unlink()
