@@ -10,12 +10,12 @@ Segments must be contiguous runs along T, which is what packing produces.
 
 Implementations (``IMPLS``; each tested against ``reference``):
 
-- ``reference``: the plain ``[B, H, T, T]`` score matrix. The oracle; on CPU also the ``auto``
-  choice for short rows, where the score matrix is small.
+- ``reference``: the plain ``[B, H, T, T]`` score matrix. The oracle.
 - ``blocked``: flash-style online softmax over key blocks in XLA (``blocked.py``), with a custom
   VJP that recomputes scores block by block, so memory is O(T * block) per head instead of
   O(T^2). Blocks no query of a block can see (above the diagonal, or before the earliest segment
-  start in the block) are skipped, so packed rows of short sequences cost little.
+  start in the block) are skipped, so packed rows of short sequences cost little. The ``auto``
+  choice on CPU, with blocks of ``CPU_BLOCK``.
 - ``pallas_gpu``: the Pallas (Triton) flash attention of ``jax.experimental.pallas.ops.gpu``, with
   segment ids; K/V heads repeated to H.
 - ``splash``: TPU splash attention (``jax.experimental.pallas.ops.tpu.splash_attention``) with a
@@ -37,21 +37,27 @@ from trainer_jax.models.blocked_attention import attention_blocked, visible
 Array = jax.Array
 AttentionImpl = Literal["auto", "reference", "blocked", "pallas_gpu", "splash"]
 
-# On CPU the dense score matrix is fastest at the benchmark's rows (T=256, bench_forward.py).
-# It costs 4 T^2 bytes per (row, head) and grows quadratically (4 MiB at 1,024, 4 GiB at
-# 32,768), so longer rows take the blocked form, whose memory is linear in T. The threshold is
-# set by memory; the speed crossover on CPU has not been measured.
-CPU_DENSE_MAX_T = 1024
+# Key/query block of the blocked form when ``auto`` picks it on CPU. Measured on a 2-core x86 host
+# (fwd+bwd, 8 KV / 4 query-group heads of 32, scripts in docs/scale_out.md "CPU attention"):
+# at T=256, batch 8, the dense reference took 71 ms, blocks of 32 / 64 / 128: 45 / 37 / 46 ms;
+# at T=1024, 1,038 ms vs 616 / 562 / 587 ms. Smaller blocks skip more of the masked upper
+# triangle; below ~64 the per-block loop overhead wins. So the dense matrix is never the faster
+# choice on CPU, and the blocked form's memory is linear in T as well.
+CPU_BLOCK = 64
 
 
 def default_impl(seq_len: int, platform: str | None = None) -> str:
-    """The implementation ``auto`` resolves to for rows of ``seq_len`` on ``platform``."""
+    """The implementation ``auto`` resolves to for rows of ``seq_len`` on ``platform``.
+
+    Every platform's choice is independent of ``seq_len`` today; the argument stays so that a
+    length-dependent choice (a fused kernel with a minimum tile, say) needs no new signature.
+    """
     platform = platform or jax.default_backend()
     if platform == "gpu" or platform == "cuda":
         return "pallas_gpu"
     if platform == "tpu":
         return "splash"
-    return "reference" if seq_len <= CPU_DENSE_MAX_T else "blocked"
+    return "blocked"
 
 
 def attention_reference(q: Array, k: Array, v: Array, segment_ids: Array) -> Array:
@@ -145,10 +151,12 @@ def attention(q: Array, k: Array, v: Array, segment_ids: Array, *, impl: str | N
         raise ValueError(f"segment_ids {segment_ids.shape} must be [B, T] = {q.shape[:2]}")
     if impl is None or impl == "auto":
         impl = default_impl(q.shape[1])
+        if impl == "blocked":
+            options = {"block": CPU_BLOCK, **options}
     if impl not in IMPLS:
         raise ValueError(f"attention impl {impl!r}: expected 'auto' or one of {sorted(IMPLS)}")
     return IMPLS[impl](q, k, v, jnp.asarray(segment_ids, jnp.int32), **options)
 
 
-__all__ = ["CPU_DENSE_MAX_T", "IMPLS", "AttentionImpl", "attention", "attention_reference",
+__all__ = ["CPU_BLOCK", "IMPLS", "AttentionImpl", "attention", "attention_reference",
            "default_impl", "visible"]

