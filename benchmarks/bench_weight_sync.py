@@ -13,27 +13,38 @@ batch of token ids). Versions v0 (before) and v1 (after) are published in every 
   Beside them, copying the full export to a new directory (no hashing): the cost of just
   producing a version's files on this machine, which an apply pays and a read does not.
 
+With ``--s3`` the same two versions are also uploaded to a real S3-compatible server (moto, a
+separate process on loopback) and the sampler side is measured as a remote sampler does it,
+through s3fs: fetching the full v1 export and verifying it vs fetching the v1 delta and applying
+it to the held v0 (``materialize`` from the store in both cases), interleaved with the local runs.
+Loopback is the fastest link such a sampler will ever have; the measured rate is in the JSON.
+
 The projection scales the measured bytes per parameter to Qwen3-30B-A3B (30.5 B parameters) at
 the stated bandwidth (transfer + apply time), quoted beside Miles' published Qwen3-30B-A3B weight
 sync (2.16 s RDMA / 2.67 s NCCL on H100). JSON goes to benchmarks/results/bench_weight_sync.json.
 
     .venv/bin/python benchmarks/bench_weight_sync.py --repeats 3   # the README's: Qwen3-0.6B, 13.3 GB RSS
     .venv/bin/python benchmarks/bench_weight_sync.py --layers 8 --batch 1 --seq 32   # 281 M params, ~6.5 GB
+    .venv/bin/python benchmarks/bench_weight_sync.py --layers 8 --batch 1 --seq 32 --s3  # + loopback S3
     .venv/bin/python benchmarks/bench_weight_sync.py --layers 2      # quick look
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
 import resource
 import shutil
+import socket
+import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -109,6 +120,59 @@ def cpu_seconds() -> float:
     return r.ru_utime + r.ru_stime
 
 
+@contextmanager
+def s3_on_loopback() -> Iterator[str]:
+    """A moto S3 server in its own process on 127.0.0.1 (so it does not share the client's GIL);
+    sets the credentials and endpoint s3fs reads from the environment; yields the endpoint."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = subprocess.Popen([str(Path(sys.executable).parent / "moto_server"), "-H", "127.0.0.1",
+                               "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    endpoint = f"http://127.0.0.1:{port}"
+    os.environ.update({"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench",
+                       "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": endpoint})
+    try:
+        for _ in range(100):
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                time.sleep(0.1)
+        else:
+            raise RuntimeError("moto_server did not start")
+        yield endpoint
+    finally:
+        server.terminate()
+        server.wait()
+
+
+def upload_to_s3(delta_root: Path, full_root: Path) -> dict:
+    """Copy both local publish roots to the loopback server's bucket; ``{"delta", "full"}`` stores."""
+    import s3fs
+
+    from convert.store import open_store
+
+    s3fs.S3FileSystem.clear_instance_cache()
+    fs = s3fs.S3FileSystem()
+    fs.mkdir("bench")
+    stores = {}
+    for name, root in (("delta", delta_root), ("full", full_root)):
+        fs.put(f"{root}/", f"bench/{name}/", recursive=True)
+        stores[name] = open_store(f"s3://bench/{name}")
+    return stores
+
+
+def _s3_summary(stats: dict, full_b: int) -> dict:
+    fetch_full = stats["s3_fetch_full"]["wall_s"]["median"]
+    fetch_delta = stats["s3_fetch_delta_apply"]["wall_s"]["median"]
+    return {"s3_loopback": {
+        "fetch_full_verify_s": fetch_full, "fetch_delta_apply_verify_s": fetch_delta,
+        "delta_faster_than_full_fetch": fetch_delta < fetch_full,
+        "full_fetch_rate_mb_s": round(full_b / fetch_full / 1e6, 1),
+        "runs": {k: stats[k] for k in ("s3_fetch_full", "s3_fetch_delta_apply")}}}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--vocab", type=int, default=151936)
@@ -127,115 +191,136 @@ def main() -> None:
                     help="network bandwidth of the projection, gigabits/s (default 100)")
     ap.add_argument("--repeats", type=int, default=3,
                     help="sampler-side measurements per format, interleaved (default 3)")
+    ap.add_argument("--s3", action="store_true",
+                    help="also measure the sampler side against a loopback S3 server (moto, s3fs)")
     ap.add_argument("--dir", default=None, help="where to write (default: a temp dir on disk)")
     ap.add_argument("--out", default="benchmarks/results/bench_weight_sync.json")
     args = ap.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="bench_weight_sync-", dir=args.dir))
+    with contextlib.ExitStack() as stack:
+        if args.s3:
+            stack.enter_context(s3_on_loopback())
+        try:
+            _run(args, work)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
 
+
+def _run(args, work: Path) -> None:
     from convert.delta import DELTA_VERSION, materialize
     from convert.manifest import check_manifest
     from convert.publish import publish
     from convert.store import open_store
 
-    work = Path(tempfile.mkdtemp(prefix="bench_weight_sync-", dir=args.dir))
-    try:
-        delta_root, full_root = work / "delta", work / "full"
-        v0_s = 0.0
+    delta_root, full_root = work / "delta", work / "full"
+    v0_s = 0.0
 
-        def publish_v0(v0: dict, cfg) -> None:
-            nonlocal v0_s
-            t0 = time.perf_counter()
-            publish(v0, cfg, delta_root, 0, args.formats, delta=True, keep_last=None)
-            v0_s = time.perf_counter() - t0
+    def publish_v0(v0: dict, cfg) -> None:
+        nonlocal v0_s
+        t0 = time.perf_counter()
+        publish(v0, cfg, delta_root, 0, args.formats, delta=True, keep_last=None)
+        v0_s = time.perf_counter() - t0
 
-        v1, cfg, info = one_adamw_step(args, publish_v0)
-        full_report: dict = {}
-        t0 = time.perf_counter()
-        publish(v1, cfg, full_root, 1, args.formats, keep_last=None, report=full_report)
-        full_s = time.perf_counter() - t0
-        delta_report: dict = {}
-        t0 = time.perf_counter()
-        publish(v1, cfg, delta_root, 1, args.formats, delta=True, keep_last=None, report=delta_report)
-        delta_s = time.perf_counter() - t0
-        del v1  # the sampler side below needs only the stores: less memory pressure on its page cache
-        store = open_store(delta_root)
-        results = {}
-        for fmt in args.formats:
-            v0_dir = work / "held" / fmt
-            materialize(store, 0, fmt, v0_dir)  # what a sampler holds: v0, full
-            full_dir = full_root / "v00000001" / fmt
-            for p in full_dir.rglob("*"):  # warm the page cache for the baseline read
-                if p.is_file():
-                    p.read_bytes()
-            runs: dict[str, list[tuple[float, float]]] = {"read": [], "apply": [], "copy": []}
-            for _ in range(args.repeats):  # interleaved, so load changes hit all three alike
-                t0, c0 = time.perf_counter(), cpu_seconds()
-                assert check_manifest(full_dir) == []  # baseline: read + verify the full export
-                runs["read"].append((time.perf_counter() - t0, cpu_seconds() - c0))
-                applied = work / "applied" / fmt
-                t0, c0 = time.perf_counter(), cpu_seconds()
-                how = materialize(store, 1, fmt, applied, have=(0, v0_dir))
-                runs["apply"].append((time.perf_counter() - t0, cpu_seconds() - c0))
-                assert how == "v0 held + 1 delta(s)"
-                shutil.rmtree(applied)
-                t0, c0 = time.perf_counter(), cpu_seconds()
-                shutil.copytree(full_dir, work / "copied" / fmt)
-                runs["copy"].append((time.perf_counter() - t0, cpu_seconds() - c0))
-                shutil.rmtree(work / "copied" / fmt)
-            stats = {k: _stats(v) for k, v in runs.items()}
-            apply_s, read_s = stats["apply"]["wall_s"]["median"], stats["read"]["wall_s"]["median"]
-            full_b, delta_b = full_report[fmt]["bytes"], delta_report[fmt]["bytes"]
-            scale = QWEN3_30B_A3B_PARAMS / (info["params_m"] * 1e6)  # bytes per parameter kept
-            bw = args.bandwidth_gbps * 1e9 / 8
-            proj_full_b, proj_delta_b = full_b * scale, delta_b * scale
-            apply_bps = full_b / apply_s  # full-directory bytes produced per second
-            results[fmt] = {
-                "full_bytes": full_b, "delta_bytes": delta_b, "delta_ratio": round(delta_b / full_b, 5),
-                "target_ratio": TARGET.get(fmt), "meets_target": delta_b / full_b <= TARGET.get(fmt, 1),
-                # medians of --repeats interleaved runs; min/median/max of each in "sampler"
-                "sampler_apply_verify_s": round(apply_s, 3), "sampler_read_verify_full_s": round(read_s, 3),
-                "apply_faster_than_full_read": apply_s < read_s,
-                # CPU seconds (all threads): less sensitive to other jobs on the machine than wall
-                "sampler_apply_verify_cpu_s": stats["apply"]["cpu_s"]["median"],
-                "sampler_read_verify_full_cpu_s": stats["read"]["cpu_s"]["median"],
-                "apply_cheaper_than_full_read_cpu":
-                    stats["apply"]["cpu_s"]["median"] < stats["read"]["cpu_s"]["median"],
-                "sampler": {"apply_verify": stats["apply"], "read_verify_full": stats["read"],
-                            "copy_full_no_hash": stats["copy"]},
-                # at this bandwidth, fetch the full export + verify vs fetch the delta + apply + verify
-                "sampler_total_s_at_bandwidth": {"full": round(full_b / bw + read_s, 3),
-                                                 "delta": round(delta_b / bw + apply_s, 3)},
-                # the link speed below which fetching the delta and applying it wins (wall times;
-                # None: the delta wins at any speed)
-                "break_even_gbps": None if apply_s <= read_s
-                else round((full_b - delta_b) * 8 / 1e9 / (apply_s - read_s), 2),
-                "projection_qwen3_30b_a3b": {
-                    "full_gb": round(proj_full_b / 1e9, 2), "delta_gb": round(proj_delta_b / 1e9, 3),
-                    "full_transfer_s": round(proj_full_b / bw, 2),
-                    "delta_transfer_s": round(proj_delta_b / bw, 3),
-                    "delta_apply_verify_s_at_measured_rate": round(proj_full_b / apply_bps, 1),
-                },
-            }
-            shutil.rmtree(v0_dir, ignore_errors=True)
-        out = {
-            "benchmark": "bench_weight_sync",
-            "command": " ".join(["python", "benchmarks/bench_weight_sync.py", *sys.argv[1:]]),
-            "model": {"shape": {"vocab": args.vocab, "hidden": args.hidden, "intermediate": args.intermediate,
-                                "layers": args.layers, "heads": args.heads, "kv_heads": args.kv_heads,
-                                "head_dim": args.head_dim}, **info},
-            "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                        "load_avg_1m": round(os.getloadavg()[0], 2)},
-            "delta_version": DELTA_VERSION, "repeats": args.repeats,
-            "publish_seconds": {"v0_full": round(v0_s, 2), "v1_full_baseline": round(full_s, 2),
-                                "v1_delta": round(delta_s, 2)},
-            "bandwidth_gbps": args.bandwidth_gbps,
-            "miles_qwen3_30b_a3b_sync_s": MILES_S,
-            "formats": results,
+    v1, cfg, info = one_adamw_step(args, publish_v0)
+    full_report: dict = {}
+    t0 = time.perf_counter()
+    publish(v1, cfg, full_root, 1, args.formats, keep_last=None, report=full_report)
+    full_s = time.perf_counter() - t0
+    delta_report: dict = {}
+    t0 = time.perf_counter()
+    publish(v1, cfg, delta_root, 1, args.formats, delta=True, keep_last=None, report=delta_report)
+    delta_s = time.perf_counter() - t0
+    del v1  # the sampler side below needs only the stores: less memory pressure on its page cache
+    store = open_store(delta_root)
+    s3_stores = upload_to_s3(delta_root, full_root) if args.s3 else None
+    results = {}
+    for fmt in args.formats:
+        v0_dir = work / "held" / fmt
+        materialize(store, 0, fmt, v0_dir)  # what a sampler holds: v0, full
+        full_dir = full_root / "v00000001" / fmt
+        for p in full_dir.rglob("*"):  # warm the page cache for the baseline read
+            if p.is_file():
+                p.read_bytes()
+        runs: dict[str, list[tuple[float, float]]] = {"read": [], "apply": [], "copy": []}
+        if s3_stores:
+            runs.update({"s3_fetch_full": [], "s3_fetch_delta_apply": []})
+        for _ in range(args.repeats):  # interleaved, so load changes hit all alike
+            t0, c0 = time.perf_counter(), cpu_seconds()
+            assert check_manifest(full_dir) == []  # baseline: read + verify the full export
+            runs["read"].append((time.perf_counter() - t0, cpu_seconds() - c0))
+            applied = work / "applied" / fmt
+            t0, c0 = time.perf_counter(), cpu_seconds()
+            how = materialize(store, 1, fmt, applied, have=(0, v0_dir))
+            runs["apply"].append((time.perf_counter() - t0, cpu_seconds() - c0))
+            assert how == "v0 held + 1 delta(s)"
+            shutil.rmtree(applied)
+            t0, c0 = time.perf_counter(), cpu_seconds()
+            shutil.copytree(full_dir, work / "copied" / fmt)
+            runs["copy"].append((time.perf_counter() - t0, cpu_seconds() - c0))
+            shutil.rmtree(work / "copied" / fmt)
+            if s3_stores:  # a remote sampler: everything it reads comes through the S3 client
+                for key, src, have, expect in (("s3_fetch_full", s3_stores["full"], None, "full snapshot v1"),
+                                               ("s3_fetch_delta_apply", s3_stores["delta"], (0, v0_dir),
+                                                "v0 held + 1 delta(s)")):
+                    t0, c0 = time.perf_counter(), cpu_seconds()
+                    how = materialize(src, 1, fmt, work / "fetched" / fmt, have=have)
+                    runs[key].append((time.perf_counter() - t0, cpu_seconds() - c0))
+                    assert how.startswith(expect), how
+                    shutil.rmtree(work / "fetched" / fmt)
+        stats = {k: _stats(v) for k, v in runs.items()}
+        apply_s, read_s = stats["apply"]["wall_s"]["median"], stats["read"]["wall_s"]["median"]
+        full_b, delta_b = full_report[fmt]["bytes"], delta_report[fmt]["bytes"]
+        scale = QWEN3_30B_A3B_PARAMS / (info["params_m"] * 1e6)  # bytes per parameter kept
+        bw = args.bandwidth_gbps * 1e9 / 8
+        proj_full_b, proj_delta_b = full_b * scale, delta_b * scale
+        apply_bps = full_b / apply_s  # full-directory bytes produced per second
+        results[fmt] = {
+            "full_bytes": full_b, "delta_bytes": delta_b, "delta_ratio": round(delta_b / full_b, 5),
+            "target_ratio": TARGET.get(fmt), "meets_target": delta_b / full_b <= TARGET.get(fmt, 1),
+            # medians of --repeats interleaved runs; min/median/max of each in "sampler"
+            "sampler_apply_verify_s": round(apply_s, 3), "sampler_read_verify_full_s": round(read_s, 3),
+            "apply_faster_than_full_read": apply_s < read_s,
+            # CPU seconds (all threads): less sensitive to other jobs on the machine than wall
+            "sampler_apply_verify_cpu_s": stats["apply"]["cpu_s"]["median"],
+            "sampler_read_verify_full_cpu_s": stats["read"]["cpu_s"]["median"],
+            "apply_cheaper_than_full_read_cpu":
+                stats["apply"]["cpu_s"]["median"] < stats["read"]["cpu_s"]["median"],
+            "sampler": {"apply_verify": stats["apply"], "read_verify_full": stats["read"],
+                        "copy_full_no_hash": stats["copy"]},
+            # at this bandwidth, fetch the full export + verify vs fetch the delta + apply + verify
+            "sampler_total_s_at_bandwidth": {"full": round(full_b / bw + read_s, 3),
+                                             "delta": round(delta_b / bw + apply_s, 3)},
+            # the link speed below which fetching the delta and applying it wins (wall times;
+            # None: the delta wins at any speed)
+            "break_even_gbps": None if apply_s <= read_s
+            else round((full_b - delta_b) * 8 / 1e9 / (apply_s - read_s), 2),
+            **(_s3_summary(stats, full_b) if s3_stores else {}),
+            "projection_qwen3_30b_a3b": {
+                "full_gb": round(proj_full_b / 1e9, 2), "delta_gb": round(proj_delta_b / 1e9, 3),
+                "full_transfer_s": round(proj_full_b / bw, 2),
+                "delta_transfer_s": round(proj_delta_b / bw, 3),
+                "delta_apply_verify_s_at_measured_rate": round(proj_full_b / apply_bps, 1),
+            },
         }
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
-        print(json.dumps(out, indent=2))
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(v0_dir, ignore_errors=True)
+    out = {
+        "benchmark": "bench_weight_sync",
+        "command": " ".join(["python", "benchmarks/bench_weight_sync.py", *sys.argv[1:]]),
+        "model": {"shape": {"vocab": args.vocab, "hidden": args.hidden, "intermediate": args.intermediate,
+                            "layers": args.layers, "heads": args.heads, "kv_heads": args.kv_heads,
+                            "head_dim": args.head_dim}, **info},
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
+                    "load_avg_1m": round(os.getloadavg()[0], 2)},
+        "delta_version": DELTA_VERSION, "repeats": args.repeats,
+        "publish_seconds": {"v0_full": round(v0_s, 2), "v1_full_baseline": round(full_s, 2),
+                            "v1_delta": round(delta_s, 2)},
+        "bandwidth_gbps": args.bandwidth_gbps,
+        "miles_qwen3_30b_a3b_sync_s": MILES_S,
+        "formats": results,
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
+    print(json.dumps(out, indent=2))
 
 
 if __name__ == "__main__":

@@ -279,7 +279,15 @@ def test_kill_during_learner_step_corrupt_checkpoints_and_a_sampler_holding_newe
         (checkpoints / "4" / "meta" / "metadata").write_text(
             (checkpoints / "4" / "meta" / "metadata").read_text().replace('"step": 4', '"step": 9'))
 
-        resumed = Trainer(cfg, run_dir, "--resume", "--steps", "4")
+        # Held before its last update (step 4) until the external sampler has loaded a version
+        # the resumed run published: once the run has ended nothing would announce one to it.
+        resumed = Trainer(cfg, run_dir, "--resume", "--steps", "4", hold="learner_step:2")
+        resumed.wait_held()
+        deadline = time.monotonic() + 60
+        while not any(v > max(published) for v in loaded()):
+            assert time.monotonic() < deadline, ext_log.read_text()[-3000:]
+            time.sleep(0.2)
+        resumed.release()
         assert resumed.wait() == 0, resumed.output[-4000:]
         out = resumed.output
         for step in (6, 4):  # one line each, newest first, naming the checkpoint
@@ -290,15 +298,11 @@ def test_kill_during_learner_step_corrupt_checkpoints_and_a_sampler_holding_newe
         _figure("learner_step: --resume run in all", resumed.lines[-1][0])
         assert _steps(run_dir) == [1, 2, 3, 4]  # the killed run's steps 3..7 went aside
         # Every version the killed run published after v2 was set aside; the resumed run's are
-        # all past anything ever published, so the external sampler takes them as new.
+        # all past anything ever published, so the external sampler took them as new.
         assert {v for v in published if v > 2} <= set(list_versions(weights / "discarded"))
         new = [v for v in list_versions(weights) if v > 2]
         assert new and min(new) > max(published) >= held > 2
         _check_published(weights)
-        deadline = time.monotonic() + 60
-        while not any(v > max(published) for v in loaded()):
-            assert time.monotonic() < deadline, ext_log.read_text()[-3000:]
-            time.sleep(0.2)
     finally:
         ext.terminate()
         ext.wait(30)

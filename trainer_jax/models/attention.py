@@ -37,12 +37,11 @@ from trainer_jax.models.blocked_attention import attention_blocked, visible
 Array = jax.Array
 AttentionImpl = Literal["auto", "reference", "blocked", "pallas_gpu", "splash"]
 
-# Key/query block of the blocked form when ``auto`` picks it on CPU. Measured on a 2-core x86 host
-# (fwd+bwd, 8 KV / 4 query-group heads of 32, scripts in docs/scale_out.md "CPU attention"):
-# at T=256, batch 8, the dense reference took 71 ms, blocks of 32 / 64 / 128: 45 / 37 / 46 ms;
-# at T=1024, 1,038 ms vs 616 / 562 / 587 ms. Smaller blocks skip more of the masked upper
-# triangle; below ~64 the per-block loop overhead wins. So the dense matrix is never the faster
-# choice on CPU, and the blocked form's memory is linear in T as well.
+# Key/query block of the blocked form when ``auto`` picks it on CPU. Smaller blocks skip more of
+# the masked upper triangle; below ~64 the per-block loop overhead wins. On a 2-core x86 host the
+# dense reference was never the faster one (``benchmarks/bench_attention.py``: fwd+bwd at T=256,
+# batch 8, reference 71 ms vs blocks of 32 / 64 / 128: 45 / 37 / 46 ms; at T=1,024, 1,038 ms vs
+# 616 / 562 / 587 ms), and the blocked form's memory is linear in T as well.
 CPU_BLOCK = 64
 
 
