@@ -121,14 +121,14 @@ def cpu_seconds() -> float:
 
 
 @contextmanager
-def s3_on_loopback() -> Iterator[str]:
-    """A moto S3 server in its own process on 127.0.0.1 (so it does not share the client's GIL);
-    sets the credentials and endpoint s3fs reads from the environment; yields the endpoint."""
+def s3_on_loopback(log: Path) -> Iterator[str]:
+    """A moto S3 server in its own process on 127.0.0.1 (so it does not share the client's GIL),
+    logging to ``log``; sets the credentials and endpoint s3fs reads from the environment."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     server = subprocess.Popen([str(Path(sys.executable).parent / "moto_server"), "-H", "127.0.0.1",
-                               "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                               "-p", str(port)], stdout=log.open("w"), stderr=subprocess.STDOUT)
     endpoint = f"http://127.0.0.1:{port}"
     os.environ.update({"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench",
                        "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": endpoint})
@@ -199,7 +199,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="bench_weight_sync-", dir=args.dir))
     with contextlib.ExitStack() as stack:
         if args.s3:
-            stack.enter_context(s3_on_loopback())
+            stack.enter_context(s3_on_loopback(Path(tempfile.gettempdir()) / "bench_weight_sync-moto.log"))
         try:
             _run(args, work)
         finally:

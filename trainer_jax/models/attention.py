@@ -39,9 +39,9 @@ AttentionImpl = Literal["auto", "reference", "blocked", "pallas_gpu", "splash"]
 
 # Key/query block of the blocked form when ``auto`` picks it on CPU. Smaller blocks skip more of
 # the masked upper triangle; below ~64 the per-block loop overhead wins. On a 2-core x86 host the
-# dense reference was never the faster one (``benchmarks/bench_attention.py``: fwd+bwd at T=256,
-# batch 8, reference 71 ms vs blocks of 32 / 64 / 128: 45 / 37 / 46 ms; at T=1,024, 1,038 ms vs
-# 616 / 562 / 587 ms), and the blocked form's memory is linear in T as well.
+# dense reference was never the faster one (``benchmarks/bench_attention.py``, fwd+bwd medians,
+# 8 rows, 8 query / 4 K/V heads of 32: at T=256 reference 81 ms vs blocks of 32 / 64 / 128: 42 /
+# 37 / 53 ms; at T=1,024, 1,092 ms vs 785 / 531 / 607 ms), and its memory is linear in T as well.
 CPU_BLOCK = 64
 
 
