@@ -15,7 +15,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
 
-from sampler_torch.engine.params import SamplingParams, per_request
+from sampler_torch.engine.params import Completion, SamplingParams, per_request
 from sampler_torch.recipes import Recipe, get_recipe, verify_export
 
 
@@ -120,6 +120,27 @@ def token_versions(spans, single: int, n: int) -> list[int]:
 def truncates(p: SamplingParams) -> bool:
     """Whether a request samples from a kept set (greedy, top-p or top-k)."""
     return p.temperature == 0 or p.top_p < 1 or p.top_k > 0
+
+
+def new_completion(index: int, prompt: list[int], p: SamplingParams, seed: int, *,
+                   stopped: bool) -> Completion:
+    """An empty ``Completion`` for one request; support lists only when it samples a kept set."""
+    kept_set = truncates(p)
+    return Completion(index=index, prompt_ids=prompt, seed=seed,
+                      support_ids=[] if kept_set else None,
+                      support_logprobs=[] if kept_set else None,
+                      finish_reason="stop" if stopped else "length")
+
+
+def add_token(out: Completion, p: SamplingParams, token: int, logprob: float,
+              ranked: Sequence[tuple[float, int]]) -> None:
+    """Append one output token: its id, its full-distribution log q and the ``p.head_k`` best
+    of ``ranked`` ((log q, id) pairs, best first). The caller appends ``logprobs`` (and the
+    support, for a kept set)."""
+    out.token_ids.append(token)
+    out.logprobs_full.append(logprob)
+    out.head_ids.append([i for _, i in ranked[: p.head_k]])
+    out.head_logprobs.append([v for v, _ in ranked[: p.head_k]])
 
 
 class ServerBackend:

@@ -52,7 +52,9 @@ from collections.abc import Sequence
 from sampler_torch.backends.http_server import (
     ServerBackend,
     ServerError,
+    add_token,
     as_version,
+    new_completion,
     token_versions,
     truncates,
 )
@@ -190,10 +192,7 @@ class SGLangBackend(ServerBackend):
             raise SGLangError(f"request {index}: {n} output ids but {len(token_lp)} logprobs and "
                               f"{len(top)} top-logprob lists")
         kept_set = truncates(p)
-        out = Completion(index=index, prompt_ids=prompt, seed=seed,
-                         support_ids=[] if kept_set else None,
-                         support_logprobs=[] if kept_set else None,
-                         finish_reason="stop" if finish.get("type") == "stop" else "length")
+        out = new_completion(index, prompt, p, seed, stopped=finish.get("type") == "stop")
         masks = meta.get("output_token_sampling_mask")
         mask_lp = meta.get("output_token_sampling_logprobs")
         for t, x in enumerate(token_ids):
@@ -202,10 +201,7 @@ class SGLangBackend(ServerBackend):
                 raise SGLangError(f"request {index} position {t}: logprob is for token {tok}, "
                                   f"output id is {x}")
             ranked = sorted(((float(e[0]), int(e[1])) for e in top[t]), key=lambda e: -e[0])
-            out.token_ids.append(x)
-            out.logprobs_full.append(lq)
-            out.head_ids.append([i for _, i in ranked[: p.head_k]])
-            out.head_logprobs.append([v for v, _ in ranked[: p.head_k]])
+            add_token(out, p, x, lq, ranked)
             if not kept_set:
                 out.logprobs.append(lq)
                 continue

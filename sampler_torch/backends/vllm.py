@@ -61,6 +61,8 @@ from pathlib import Path
 from sampler_torch.backends.http_server import (
     ServerBackend,
     ServerError,
+    add_token,
+    new_completion,
     token_versions,
     truncates,
 )
@@ -298,20 +300,13 @@ class VLLMBackend(ServerBackend):
                             f"{len(top)} top-logprob lists")
         kept_set = truncates(p)
         masks = sampling_mask_rows(choice.get("sampling_mask"), n) if kept_set else None
-        out = Completion(index=index, prompt_ids=prompt, seed=seed,
-                         support_ids=[] if kept_set else None,
-                         support_logprobs=[] if kept_set else None,
-                         finish_reason="stop" if choice.get("finish_reason") == "stop"
-                         else "length")
+        out = new_completion(index, prompt, p, seed, stopped=choice.get("finish_reason") == "stop")
         for t, x in enumerate(ids):
             lq = float(token_lp[t])
             logq = {_token_id(k): float(v) for k, v in (top[t] or {}).items()}
             logq.setdefault(x, lq)
             ranked = sorted(((v, i) for i, v in logq.items()), key=lambda e: (-e[0], e[1]))
-            out.token_ids.append(x)
-            out.logprobs_full.append(lq)
-            out.head_ids.append([i for _, i in ranked[: p.head_k]])
-            out.head_logprobs.append([v for v, _ in ranked[: p.head_k]])
+            add_token(out, p, x, lq, ranked)
             if not kept_set:
                 out.logprobs.append(lq)
                 continue
