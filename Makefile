@@ -22,8 +22,10 @@ demo: $(STAMP)
 	$(VENV)/bin/mixrl-train --config configs/local_mixed.yaml
 
 # -m 'not slow': slow tests are benchmarks in disguise; run them with `make test-slow`.
+# TEST_WORKERS pytest-xdist workers, each taking whole test files (module fixtures stay shared).
+TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(PY) -m pytest -q -m 'not slow and not gpu' --timeout=900 --durations=15
+	$(PY) -m pytest -q -m 'not slow and not gpu' --timeout=900 --durations=15 -n $(TEST_WORKERS) --dist loadfile
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow --timeout=3600

@@ -63,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = load_config(args.config, overrides)
     except ConfigError as e:
-        console.print(f"[red]error:[/red] {e}")
+        # soft_wrap: one line however long the path (rich wraps at 80 columns off a terminal)
+        console.print(f"[red]error:[/red] {e}", soft_wrap=True, highlight=False)
         return 2
 
     from trainer_jax.train import train  # heavy imports after argument checks
@@ -98,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         table.add_row(label.replace("eval_", ""), *(f"{row.get(k, float('nan')):.3f}" for k in keys))
     console.print(table)
     for err in summary["publish_errors"]:
-        console.print(f"[red]publish failed[/red] {err}")
+        console.print(f"[red]publish failed[/red] {err}", soft_wrap=True)
     console.print(f"run dir: {summary['run_dir']} (summary.json, metrics.jsonl, tensorboard/, plots/, "
                   "checkpoints/, weights/, logs/)")
     return 0

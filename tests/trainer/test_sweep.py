@@ -90,11 +90,15 @@ def test_bad_sweep_file_fails_up_front(tmp_path):
 
 
 def test_failed_cell_is_recorded_not_fatal(tmp_path):
-    cell = Cell("mixed", "grpo", 0, tmp_path / "missing.yaml", ("run.steps=1",), tmp_path / "run")
+    # A long directory name: the error must still be one line naming the file (not wrapped).
+    cell = Cell("mixed", "grpo", 0, tmp_path / ("d" * 90) / "missing.yaml", ("run.steps=1",),
+                tmp_path / "run")
     record = run_cell(cell, timeout=120)
     assert record["ok"] is False and record["returncode"] == 2
     saved = json.loads((tmp_path / "run" / "cell.json").read_text())
-    assert saved["ok"] is False and "missing.yaml" in saved["log_tail"]
+    assert saved["ok"] is False
+    assert any(line.startswith("error: config file") and line.endswith("missing.yaml does not exist")
+               for line in saved["log_tail"].splitlines()), saved["log_tail"]
 
 
 # ------------------------------------------------------------------ report on synthetic runs
