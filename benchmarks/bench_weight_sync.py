@@ -127,8 +127,9 @@ def s3_on_loopback(log: Path) -> Iterator[str]:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    server = subprocess.Popen([str(Path(sys.executable).parent / "moto_server"), "-H", "127.0.0.1",
-                               "-p", str(port)], stdout=log.open("w"), stderr=subprocess.STDOUT)
+    with log.open("w") as log_file:  # the child keeps its own descriptor
+        server = subprocess.Popen([str(Path(sys.executable).parent / "moto_server"), "-H", "127.0.0.1",
+                                   "-p", str(port)], stdout=log_file, stderr=subprocess.STDOUT)
     endpoint = f"http://127.0.0.1:{port}"
     os.environ.update({"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench",
                        "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": endpoint})
@@ -197,9 +198,8 @@ def main() -> None:
     ap.add_argument("--out", default="benchmarks/results/bench_weight_sync.json")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench_weight_sync-", dir=args.dir))
-    with contextlib.ExitStack() as stack:
-        if args.s3:
-            stack.enter_context(s3_on_loopback(Path(tempfile.gettempdir()) / "bench_weight_sync-moto.log"))
+    moto_log = Path(tempfile.gettempdir()) / "bench_weight_sync-moto.log"
+    with s3_on_loopback(moto_log) if args.s3 else contextlib.nullcontext():
         try:
             _run(args, work)
         finally:

@@ -40,7 +40,9 @@ def _main_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    console = Console()
+    # soft_wrap: every message stays one line however long its paths (off a terminal rich would
+    # wrap at 80 columns); tables still lay out to the width.
+    console = Console(soft_wrap=True)
     if argv and argv[0] == "serve":
         return serve_main(argv[1:])
     if argv and argv[0] == "plot":
@@ -63,8 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = load_config(args.config, overrides)
     except ConfigError as e:
-        # soft_wrap: one line however long the path (rich wraps at 80 columns off a terminal)
-        console.print(f"[red]error:[/red] {e}", soft_wrap=True, highlight=False)
+        console.print(f"[red]error:[/red] {e}", highlight=False)
         return 2
 
     from trainer_jax.train import train  # heavy imports after argument checks
@@ -80,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         summary = train(cfg, resume=args.resume, console=console)
     except (CheckpointError, StorageError, OSError) as e:  # disk full, unwritable, corrupt: one line
-        console.print(f"[red]error:[/red] {' '.join(str(e).split())}", soft_wrap=True)
+        console.print(f"[red]error:[/red] {' '.join(str(e).split())}")
         # Exit now: the run has closed what it owns, and library exit hooks (tensorboard's flush,
         # orbax's event loops) would fail again on the same disk and bury the line in tracebacks.
         sys.stdout.flush()
@@ -99,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         table.add_row(label.replace("eval_", ""), *(f"{row.get(k, float('nan')):.3f}" for k in keys))
     console.print(table)
     for err in summary["publish_errors"]:
-        console.print(f"[red]publish failed[/red] {err}", soft_wrap=True)
+        console.print(f"[red]publish failed[/red] {err}")
     console.print(f"run dir: {summary['run_dir']} (summary.json, metrics.jsonl, tensorboard/, plots/, "
                   "checkpoints/, weights/, logs/)")
     return 0

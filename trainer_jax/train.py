@@ -83,7 +83,7 @@ class Trainer:
     def __init__(self, cfg: RunConfig, *, resume: bool = False, console: Console | None = None,
                  lockstep: Lockstep | None = None):
         self.cfg = cfg
-        self.console = console or Console()
+        self.console = console or Console(soft_wrap=True)  # one line per message, as cli.py's
         self.lockstep = lockstep or Lockstep()
         self.leader = self.lockstep.leader  # process 0: the service, samplers, files, metrics
         self.run_dir = Path(cfg.run.dir).absolute()
@@ -123,7 +123,7 @@ class Trainer:
                            f"{self.lockstep.count})")
         self.checkpointer = Checkpointer(
             run / "checkpoints", keep_last=cfg.train.keep_checkpoints,
-            log=lambda line: self.console.print(f"[yellow]{line}[/yellow]", soft_wrap=True))
+            log=lambda line: self.console.print(f"[yellow]{line}[/yellow]"))
         self.meta = {"step": 0, "version": 0, "task_cursor": 0, "sft_done": False, "history": {}}
         self.restored = False
         if self.resume and self.checkpointer.latest_step() is not None:
@@ -131,7 +131,7 @@ class Trainer:
             self.restored = True
             step, version = self.meta["step"], self.meta["version"]
             self.console.print(f"resumed from step {step} (checkpoint {self.checkpointer.step_dir(step)}, "
-                               f"weights v{version})", soft_wrap=True)
+                               f"weights v{version})")
         # The warm start's demonstrations come from the evaluation source (every process).
         self.eval_source = build_task_source(cfg.tasks, tokenizer=self.tokenizer, seed=cfg.train.eval_seed,
                                              prefix="eval", evaluation=True)
@@ -141,7 +141,7 @@ class Trainer:
         if self.resume:  # steps after the checkpoint are trained again: their records go aside
             if moved := trim_metrics(run, self.meta["step"] if self.restored else None):
                 self.console.print(f"{moved} metric records after the restored step moved to "
-                                   "metrics.discarded.jsonl", soft_wrap=True)
+                                   "metrics.discarded.jsonl")
         self.sink = MetricsSink(run, wandb=cfg.logging.wandb.model_dump() if cfg.logging.wandb else None)
         self.alarms = CollapseAlarms(settle_steps=alarm_settle_steps(cfg.optimizer.warmup_steps))
         self.source = build_task_source(cfg.tasks, tokenizer=self.tokenizer)
@@ -347,7 +347,7 @@ class Trainer:
                                                    version if self.restored else None)
             if discarded:
                 self.console.print(f"weights v{discarded[0]}..v{discarded[-1]} were published after the "
-                                   "restored checkpoint: moved to weights/discarded/", soft_wrap=True)
+                                   "restored checkpoint: moved to weights/discarded/")
         self.meta["version"] = version
         summary = {"run_dir": str(self.run_dir), "formats": self.weight_formats(),
                     "mesh": {a: int(self.mesh.shape[a]) for a in ("data", "fsdp", "expert", "tensor")},
