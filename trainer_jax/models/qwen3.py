@@ -17,7 +17,7 @@ from flax import nnx
 from convert.qwen3_config import Qwen3Config
 from trainer_jax.models import capture  # no-ops unless calibrating (trainer_jax.calibration)
 from trainer_jax.models.attention import attention
-from trainer_jax.models.grouped_matmul import grouped_matmul
+from trainer_jax.models.grouped_matmul import group_rows
 from trainer_jax.models.remat import check_remat, run_layers
 from trainer_jax.parallel import hooks  # no-ops unless a device mesh is active (docs/scale_out.md)
 
@@ -136,9 +136,9 @@ class MLP(nnx.Module):
 class MoE(nnx.Module):
     """Softmax router over E experts, top-k, optional renormalisation of the k weights.
 
-    Experts run as grouped matmuls (``grouped_matmul``: ``ragged_dot`` on accelerators, a blocked
-    scan on CPU) over token copies sorted by expert, so each expert sees only its tokens and there
-    is no Python loop over experts.
+    Experts run as grouped matmuls (``grouped_matmul``: ``ragged_dot`` on accelerators, batched
+    matmuls of expert-padded row blocks on CPU) over token copies sorted by expert, so each expert
+    sees only its tokens and there is no Python loop over experts.
     """
 
     def __init__(self, cfg: Qwen3Config, *, dtype, param_dtype, rngs: nnx.Rngs,
@@ -165,15 +165,17 @@ class MoE(nnx.Module):
 
     def expert_ffn(self, xs: Array, group_sizes: Array) -> Array:
         """SwiGLU of rows ``xs`` sorted by expert (``group_sizes[e]`` rows for expert e)."""
+        rows = group_rows(group_sizes, xs.shape[0], impl=self.moe_impl)
 
         def experts_matmul(inputs, param):
-            return grouped_matmul(inputs, param.get_value().astype(self.dtype), group_sizes,
-                                  impl=self.moe_impl).astype(self.dtype)
+            return rows.matmul(inputs, param.get_value().astype(self.dtype)).astype(self.dtype)
 
         capture.grouped_amax("mlp.experts.gate_up", xs, group_sizes)
-        hidden = jax.nn.silu(experts_matmul(xs, self.gate_proj)) * experts_matmul(xs, self.up_proj)
-        capture.grouped_amax("mlp.experts.down", hidden, group_sizes)
-        return experts_matmul(hidden, self.down_proj)
+        packed = rows.pack(xs)  # once for the three matmuls
+        hidden = jax.nn.silu(experts_matmul(packed, self.gate_proj)) * experts_matmul(packed, self.up_proj)
+        # Padding rows of the packed layout are zeros, so they leave each expert's maximum alone.
+        capture.grouped_amax("mlp.experts.down", rows.rows(hidden), rows.packed_sizes)
+        return rows.unpack(experts_matmul(hidden, self.down_proj))
 
     def __call__(self, x: Array) -> Array:
         if (dispatch := hooks.override("moe")) is not None:  # expert-parallel on a device mesh
