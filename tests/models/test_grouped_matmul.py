@@ -44,7 +44,7 @@ def test_blocked_work_is_bounded_not_dense():
 
 @pytest.mark.parametrize("impl", ["ragged_dot", "blocked"])
 def test_one_grouping_serves_an_expert_ffn(impl):
-    # pack once, three matmuls, unpack once: the same SwiGLU as per-group matmuls, and the packed
+    # pack once, gate and up as one pair, down, unpack once: the same SwiGLU as per-group matmuls, and the packed
     # rows' per-group maxima (what calibration records) equal the unpacked ones.
     sizes = [13, 0, 40, 7]
     x = jax.random.normal(jax.random.key(0), (sum(sizes), 16))
@@ -53,7 +53,10 @@ def test_one_grouping_serves_an_expert_ffn(impl):
     gs = jnp.asarray(sizes, jnp.int32)
     rows = group_rows(gs, x.shape[0], impl=impl, block=8)
     packed = rows.pack(x)
-    hidden = jax.nn.silu(rows.matmul(packed, wg)) * rows.matmul(packed, wu)
+    gate, up = rows.matmul_pair(packed, wg, wu)
+    np.testing.assert_allclose(gate, rows.matmul(packed, wg), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(up, rows.matmul(packed, wu), rtol=1e-5, atol=1e-5)
+    hidden = jax.nn.silu(gate) * up
     got = rows.unpack(rows.matmul(hidden, wd))
     ref_hidden = jax.nn.silu(_naive(x, wg, sizes)) * _naive(x, wu, sizes)
     np.testing.assert_allclose(got, _naive(ref_hidden, wd, sizes), rtol=1e-4, atol=1e-4)

@@ -167,15 +167,14 @@ class MoE(nnx.Module):
         """SwiGLU of rows ``xs`` sorted by expert (``group_sizes[e]`` rows for expert e)."""
         rows = group_rows(group_sizes, xs.shape[0], impl=self.moe_impl)
 
-        def experts_matmul(inputs, param):
-            return rows.matmul(inputs, param.get_value().astype(self.dtype)).astype(self.dtype)
-
+        weight = lambda param: param.get_value().astype(self.dtype)
         capture.grouped_amax("mlp.experts.gate_up", xs, group_sizes)
         packed = rows.pack(xs)  # once for the three matmuls
-        hidden = jax.nn.silu(experts_matmul(packed, self.gate_proj)) * experts_matmul(packed, self.up_proj)
+        gate, up = rows.matmul_pair(packed, weight(self.gate_proj), weight(self.up_proj))
+        hidden = jax.nn.silu(gate.astype(self.dtype)) * up.astype(self.dtype)  # as transformers rounds
         # Padding rows of the packed layout are zeros, so they leave each expert's maximum alone.
         capture.grouped_amax("mlp.experts.down", rows.rows(hidden), rows.packed_sizes)
-        return rows.unpack(experts_matmul(hidden, self.down_proj))
+        return rows.unpack(rows.matmul(hidden, weight(self.down_proj))).astype(self.dtype)
 
     def __call__(self, x: Array) -> Array:
         if (dispatch := hooks.override("moe")) is not None:  # expert-parallel on a device mesh
