@@ -44,8 +44,9 @@ def test_blocked_work_is_bounded_not_dense():
 
 @pytest.mark.parametrize("impl", ["ragged_dot", "blocked"])
 def test_one_grouping_serves_an_expert_ffn(impl):
-    # pack once, gate and up as one pair, down, unpack once: the same SwiGLU as per-group matmuls, and the packed
-    # rows' per-group maxima (what calibration records) equal the unpacked ones.
+    # pack once, gate and up as one pair, down, unpack once: the same SwiGLU as per-group
+    # matmuls, and the packed rows' per-group maxima (what calibration records) equal the
+    # unpacked ones.
     sizes = [13, 0, 40, 7]
     x = jax.random.normal(jax.random.key(0), (sum(sizes), 16))
     wg, wu = (jax.random.normal(jax.random.key(i), (4, 16, 8)) for i in (1, 2))

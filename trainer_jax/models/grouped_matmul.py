@@ -80,13 +80,12 @@ class GroupedRows:
         return jnp.einsum("nbd,ndf->nbf", xp, w[self.block_group],
                           preferred_element_type=preferred_element_type)
 
-
     def matmul_pair(self, xp: Array, w1: Array, w2: Array, *,
                     preferred_element_type=jnp.float32) -> tuple[Array, Array]:
         """``matmul(xp, w1), matmul(xp, w2)`` (an FFN's gate and up): one batched matmul when
-        blocked, against both weights side by side, whose blocks are twice as wide; that runs
-        ~20 % faster on XLA:CPU than two half-width ones. Two ragged_dots otherwise, with no
-        concatenated copy of the weights."""
+        blocked, against both weights side by side (XLA:CPU runs the twice-as-wide blocks faster:
+        an expert FFN's fwd+bwd 49 -> 44 ms at 4,096 rows x 8 experts). Two ragged_dots otherwise,
+        with no concatenated copy of the weights."""
         if self.impl == "ragged_dot":
             return (self.matmul(xp, w1, preferred_element_type=preferred_element_type),
                     self.matmul(xp, w2, preferred_element_type=preferred_element_type))
