@@ -66,7 +66,7 @@ class GroupedRows:
         """The packed layout -> ``[M, F]`` rows in the input order."""
         if self.impl == "ragged_dot":
             return y
-        return y.reshape(-1, y.shape[-1])[self.dest]
+        return self.rows(y)[self.dest]
 
     def rows(self, y: Array) -> Array:
         """The packed layout as ``[rows, F]`` sorted by group, ``packed_sizes`` rows per group."""
@@ -108,17 +108,14 @@ def group_rows(group_sizes: Array, num_rows: int, *, impl: str | None = None,
     padded_sizes = (group_sizes + block - 1) // block * block
     # Static bound on the blocks: every group may waste up to block - 1 rows.
     num_blocks = -(-num_rows // block) + e
-    starts = jnp.cumsum(group_sizes) - group_sizes
-    padded_starts = jnp.cumsum(padded_sizes) - padded_sizes
+    ends, padded_ends = jnp.cumsum(group_sizes), jnp.cumsum(padded_sizes)
+    row = jnp.arange(num_rows)
     row_group = jnp.repeat(jnp.arange(e), group_sizes, total_repeat_length=num_rows)
-    dest = padded_starts[row_group] + jnp.arange(num_rows) - starts[row_group]
+    dest = (padded_ends - padded_sizes)[row_group] + row - (ends - group_sizes)[row_group]
     # Rows past sum(group_sizes) (repeat counts them in the last group) go to the spare blocks
     # after the last group, which the bound leaves free, so no group's padding is overwritten.
-    total = jnp.sum(group_sizes)
-    spare = jnp.sum(padded_sizes) + jnp.arange(num_rows) - total
-    dest = jnp.where(jnp.arange(num_rows) < total, dest, spare)
-    block_group = jnp.searchsorted(jnp.cumsum(padded_sizes), jnp.arange(num_blocks) * block,
-                                   side="right")
+    dest = jnp.where(row < ends[-1], dest, padded_ends[-1] + row - ends[-1])
+    block_group = jnp.searchsorted(padded_ends, jnp.arange(num_blocks) * block, side="right")
     block_group = jnp.minimum(block_group, e - 1)  # spare blocks: any expert will do
     return GroupedRows(impl, group_sizes, padded_sizes, block, dest, block_group)
 

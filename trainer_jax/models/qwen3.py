@@ -135,9 +135,9 @@ class MLP(nnx.Module):
 class MoE(nnx.Module):
     """Softmax router over E experts, top-k, optional renormalisation of the k weights.
 
-    Experts run as grouped matmuls (``grouped_matmul``: ``ragged_dot`` on accelerators, batched
-    matmuls of expert-padded row blocks on CPU) over token copies sorted by expert, so each expert
-    sees only its tokens and there is no Python loop over experts.
+    Experts run as grouped matmuls on one grouping (``grouped_matmul.group_rows``: ``ragged_dot`` on
+    accelerators, batched matmuls of expert-padded row blocks on CPU) over token copies sorted by
+    expert, so each expert sees only its tokens and there is no Python loop over experts.
     """
 
     def __init__(self, cfg: Qwen3Config, *, dtype, param_dtype, rngs: nnx.Rngs,
