@@ -17,7 +17,7 @@ from flax import nnx
 from convert.qwen3_config import Qwen3Config
 from trainer_jax.models import capture  # no-ops unless calibrating (trainer_jax.calibration)
 from trainer_jax.models.attention import attention
-from trainer_jax.models.grouped_matmul import group_rows
+from trainer_jax.models.grouped_matmul import GroupedRows, group_rows
 from trainer_jax.models.remat import check_remat, run_layers
 from trainer_jax.parallel import hooks  # no-ops unless a device mesh is active (docs/scale_out.md)
 
@@ -162,18 +162,23 @@ class MoE(nnx.Module):
             weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
         return weights.astype(tokens.dtype), experts  # transformers casts back before the sum
 
-    def expert_ffn(self, xs: Array, group_sizes: Array) -> Array:
-        """SwiGLU of rows ``xs`` sorted by expert (``group_sizes[e]`` rows for expert e)."""
-        rows = group_rows(group_sizes, xs.shape[0], impl=self.moe_impl)
-
+    def expert_ffn(self, tokens: Array, rows: GroupedRows) -> Array:
+        """SwiGLU of the top-k copies of ``tokens [N, D]``, copy ``i`` (token ``i // k``) by the
+        expert of row ``i`` of ``rows`` -> ``[N * k, D]`` (zeros for copies of no expert)."""
         weight = lambda param: param.get_value().astype(self.dtype)
-        capture.grouped_amax("mlp.experts.gate_up", xs, group_sizes)
-        packed = rows.pack(xs)  # once for the three matmuls
+        packed = rows.pack(tokens.astype(self.dtype), copies=self.top_k)  # once for the 3 matmuls
+        # Padding rows of the packed layout are zeros, so they leave each expert's maximum alone.
+        capture.grouped_amax("mlp.experts.gate_up", rows.rows(packed), rows.packed_sizes)
         gate, up = rows.matmul_pair(packed, weight(self.gate_proj), weight(self.up_proj))
         hidden = jax.nn.silu(gate.astype(self.dtype)) * up.astype(self.dtype)  # as transformers rounds
-        # Padding rows of the packed layout are zeros, so they leave each expert's maximum alone.
         capture.grouped_amax("mlp.experts.down", rows.rows(hidden), rows.packed_sizes)
         return rows.unpack(rows.matmul(hidden, weight(self.down_proj))).astype(self.dtype)
+
+    def combine(self, copies_out: Array, weights: Array) -> Array:
+        """``sum_j weights[n, j] * copies_out[n * k + j]``: each token's output from its k copies."""
+        n, k = weights.shape
+        out = copies_out.reshape(n, k, -1) * weights[..., None].astype(copies_out.dtype)
+        return jnp.sum(out, axis=1)
 
     def __call__(self, x: Array) -> Array:
         if (dispatch := hooks.override("moe")) is not None:  # expert-parallel on a device mesh
@@ -181,15 +186,9 @@ class MoE(nnx.Module):
         b, t, d = x.shape
         tokens = x.reshape(b * t, d)
         weights, experts = self.route(tokens)
-
-        flat_experts = experts.reshape(-1)
-        order = jnp.argsort(flat_experts, stable=True)
-        token_of_copy = order // self.top_k
-        group_sizes = jnp.bincount(flat_experts, length=self.num_experts).astype(jnp.int32)
-        xs = tokens[token_of_copy].astype(self.dtype)
-        out = self.expert_ffn(xs, group_sizes)
-        out = out * weights.reshape(-1)[order][:, None]
-        return jnp.zeros_like(tokens).at[token_of_copy].add(out.astype(x.dtype)).reshape(b, t, d)
+        rows = group_rows(experts.reshape(-1), self.num_experts, impl=self.moe_impl)
+        out = self.combine(self.expert_ffn(tokens, rows), weights)
+        return out.astype(x.dtype).reshape(b, t, d)
 
 
 class DecoderLayer(nnx.Module):

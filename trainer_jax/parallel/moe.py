@@ -7,12 +7,13 @@ and their gradients reduce-scattered back, by the partitioner).
 
 Dispatch is all-gather / reduce-scatter over the expert axis (Megatron's "allgather" token
 dispatcher): the devices of one expert group gather their tokens, each routes all of them, runs
-its local experts on the copies routed to them (copies for other experts are sorted last and
-masked), and the partial outputs are summed back with a reduce-scatter, so every device ends
-with its own tokens' full output. No capacity factor, no dropped tokens: the result is the
-single-device ``MoE.__call__`` up to summation order. Column-split (``tensor``) down-projection
-partials are summed with a psum. The routing and expert math are the model's own
-(``MoE.route``, ``MoE.expert_ffn``) on the local shards.
+its local experts on the copies routed to them (copies for other devices' experts belong to no
+group of the local grouping and come out as zeros), and the partial outputs are summed back
+with a reduce-scatter, so every device ends with its own tokens' full output. No capacity
+factor, no dropped tokens: the result is the single-device ``MoE.__call__`` up to summation
+order. Column-split (``tensor``) down-projection partials are summed with a psum. The routing
+and expert math are the model's own (``MoE.route``, ``MoE.expert_ffn``, ``MoE.combine``) on the
+local shards.
 """
 
 from __future__ import annotations
@@ -21,10 +22,10 @@ import math
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
+from trainer_jax.models.grouped_matmul import group_rows
 from trainer_jax.parallel import hooks
 from trainer_jax.parallel.context import ParallelContext, linear_axis_index
 from trainer_jax.parallel.rules import path_str
@@ -46,7 +47,7 @@ def moe_forward(ctx: ParallelContext, module: Any, x: Array) -> Array:
     """``module(x)`` for a ``qwen3.MoE`` with its experts split over the mesh (see module doc)."""
     mesh, rules = ctx.mesh, ctx.rules
     b, t, d = x.shape
-    num_experts, top_k = module.num_experts, module.top_k
+    num_experts = module.num_experts
     x_spec = rules.spec(("batch", "seq", None), x.shape, mesh)
     token_axes = set(_entry(x_spec, 0) + _entry(x_spec, 1))
 
@@ -74,18 +75,9 @@ def moe_forward(ctx: ParallelContext, module: Any, x: Array) -> Array:
                 tokens = jax.lax.all_gather(tokens, gather_axes, axis=0, tiled=True)
             weights, experts = m.route(tokens)  # [M, k]
             first = linear_axis_index(exp_axes, mesh) * e_local if exp_axes else 0
-            local_ids = experts - first
-            mine = (local_ids >= 0) & (local_ids < e_local)
-            # Copies for other devices' experts get key e_local: sorted last, outside every group.
-            keys = jnp.where(mine, local_ids, e_local).reshape(-1)
-            order = jnp.argsort(keys, stable=True)
-            token_of_copy = order // top_k
-            group_sizes = jnp.bincount(keys, length=e_local + 1)[:e_local].astype(jnp.int32)
-            keep = mine.reshape(-1)[order]
-            xs = jnp.where(keep[:, None], tokens[token_of_copy].astype(m.dtype), 0)
-            out = m.expert_ffn(xs, group_sizes)
-            out = out * jnp.where(keep, weights.reshape(-1)[order], 0)[:, None]
-            y = jnp.zeros_like(tokens).at[token_of_copy].add(out.astype(x_l.dtype))
+            local_ids = experts - first  # outside [0, e_local): another device's expert
+            rows = group_rows(local_ids.reshape(-1), e_local, impl=m.moe_impl)
+            y = m.combine(m.expert_ffn(tokens, rows), weights).astype(x_l.dtype)
             if gather_axes:
                 y = jax.lax.psum_scatter(y, gather_axes, scatter_dimension=0, tiled=True)
             if sum_axes:
