@@ -101,6 +101,29 @@ def test_one_grouping_serves_an_expert_ffn(impl, copies):
 
 
 @pytest.mark.parametrize("impl", ["ragged_dot", "blocked"])
+def test_unpack_combine_is_the_weighted_sum_of_each_tokens_copies(impl):
+    # A MoE's combine: token n's output is sum_j weights[n, j] * (its copy j's row); copies of no
+    # group (another device's experts) add nothing. Values and both gradients.
+    num_tokens, k, e = 23, 3, 4
+    group_of_row = jax.random.randint(jax.random.key(1), (num_tokens * k,), -1, e + 1)
+    rows = group_rows(group_of_row, e, impl=impl, block=4)
+    y = jax.random.normal(jax.random.key(2), rows.pack(jnp.ones((num_tokens, 5)), copies=k).shape)
+    weights = jax.random.uniform(jax.random.key(3), (num_tokens, k))
+    cot = jax.random.normal(jax.random.key(4), (num_tokens, 5))
+
+    def ref(y, weights):  # plain indexing, autodiff's own scatter-add backward
+        copies = jnp.where(rows.row_valid[:, None], rows.rows(y)[rows.slot_of_row], 0)
+        return jnp.sum(copies.reshape(num_tokens, k, -1) * weights[..., None], axis=1)
+
+    np.testing.assert_allclose(rows.unpack_combine(y, weights), ref(y, weights), rtol=1e-5,
+                               atol=1e-6)
+    grads = [jax.grad(lambda y, w, fn=fn: jnp.sum(fn(y, w) * cot), (0, 1))(y, weights)
+             for fn in (rows.unpack_combine, ref)]
+    for got, want in zip(*grads, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("impl", ["ragged_dot", "blocked"])
 def test_rows_past_the_groups_come_out_zero(impl):
     sizes = [5, 9]
     x = jax.random.normal(jax.random.key(0), (sum(sizes) + 11, 4))

@@ -74,6 +74,33 @@ def _take_rows_bwd(copies, residuals, g):
 _take_rows.defvjp(_take_rows_fwd, _take_rows_bwd)
 
 
+@partial(jax.custom_vjp, nondiff_argnums=(6,))
+def _combine_rows(y: Array, weights: Array, index: Array, valid: Array, back_index: Array,
+                  back_valid: Array, copies: int) -> Array:
+    """``sum_j weights[n, j] * where(valid, y[index], 0)[n * copies + j]`` -> ``[N, F]``, with
+    ``y``'s cotangent gathered through ``back_index`` (the inverse map, as in ``_take_rows``)."""
+    rows = jnp.where(valid[:, None], y[index], 0).reshape(weights.shape + y.shape[-1:])
+    return jnp.einsum("nkf,nk->nf", rows, weights.astype(y.dtype))
+
+
+def _combine_rows_fwd(y, weights, index, valid, back_index, back_valid, copies):
+    out = _combine_rows(y, weights, index, valid, back_index, back_valid, copies)
+    return out, (y, weights, index, valid, back_index, back_valid)
+
+
+def _combine_rows_bwd(copies, residuals, g):
+    y, weights, index, valid, back_index, back_valid = residuals
+    # Row s of y went to token back_index[s] // copies with that copy's weight.
+    w_of_row = weights.reshape(-1)[back_index].astype(g.dtype)
+    gy = jnp.where(back_valid[:, None], g[back_index // copies] * w_of_row[:, None], 0)
+    rows = jnp.where(valid[:, None], y[index], 0).reshape(weights.shape + y.shape[-1:])
+    gw = jnp.einsum("nkf,nf->nk", rows, g.astype(y.dtype)).astype(weights.dtype)
+    return gy.astype(y.dtype), gw, None, None, None, None
+
+
+_combine_rows.defvjp(_combine_rows_fwd, _combine_rows_bwd)
+
+
 @dataclass(frozen=True)
 class GroupedRows:
     """Where each of ``M`` rows goes for ``matmul`` (module docstring).
@@ -104,6 +131,12 @@ class GroupedRows:
         """The packed layout -> ``[M, F]`` in the rows' order (zeros for rows of no group)."""
         return _take_rows(self.rows(y), self.slot_of_row, self.row_valid, self.row_of_slot,
                           self.slot_valid, 1)
+
+    def unpack_combine(self, y: Array, weights: Array) -> Array:
+        """``unpack(y)`` summed over each token's copies with ``weights [N, k]`` (rows ``n * k ..
+        n * k + k - 1`` are token ``n``'s) -> ``[N, F]``, in one gather each way."""
+        return _combine_rows(self.rows(y), weights, self.slot_of_row, self.row_valid,
+                             self.row_of_slot, self.slot_valid, weights.shape[1])
 
     def rows(self, y: Array) -> Array:
         """The packed layout as ``[rows, F]`` sorted by group, ``packed_sizes`` rows per group."""

@@ -164,7 +164,8 @@ class MoE(nnx.Module):
 
     def expert_ffn(self, tokens: Array, rows: GroupedRows) -> Array:
         """SwiGLU of the top-k copies of ``tokens [N, D]``, copy ``i`` (token ``i // k``) by the
-        expert of row ``i`` of ``rows`` -> ``[N * k, D]`` (zeros for copies of no expert)."""
+        expert of row ``i`` of ``rows``, in ``rows``' packed layout (``rows.unpack`` for the
+        copies in order; zeros for copies of no expert)."""
         weight = lambda param: param.get_value().astype(self.dtype)
         packed = rows.pack(tokens.astype(self.dtype), copies=self.top_k)  # once for the 3 matmuls
         # Padding rows of the packed layout are zeros, so they leave each expert's maximum alone.
@@ -172,13 +173,7 @@ class MoE(nnx.Module):
         gate, up = rows.matmul_pair(packed, weight(self.gate_proj), weight(self.up_proj))
         hidden = jax.nn.silu(gate.astype(self.dtype)) * up.astype(self.dtype)  # as transformers rounds
         capture.grouped_amax("mlp.experts.down", rows.rows(hidden), rows.packed_sizes)
-        return rows.unpack(rows.matmul(hidden, weight(self.down_proj))).astype(self.dtype)
-
-    def combine(self, copies_out: Array, weights: Array) -> Array:
-        """``sum_j weights[n, j] * copies_out[n * k + j]``: each token's output from its k copies."""
-        n, k = weights.shape
-        out = copies_out.reshape(n, k, -1) * weights[..., None].astype(copies_out.dtype)
-        return jnp.sum(out, axis=1)
+        return rows.matmul(hidden, weight(self.down_proj)).astype(self.dtype)
 
     def __call__(self, x: Array) -> Array:
         if (dispatch := hooks.override("moe")) is not None:  # expert-parallel on a device mesh
@@ -187,7 +182,7 @@ class MoE(nnx.Module):
         tokens = x.reshape(b * t, d)
         weights, experts = self.route(tokens)
         rows = group_rows(experts.reshape(-1), self.num_experts, impl=self.moe_impl)
-        out = self.combine(self.expert_ffn(tokens, rows), weights)
+        out = rows.unpack_combine(self.expert_ffn(tokens, rows), weights)
         return out.astype(x.dtype).reshape(b, t, d)
 
 

@@ -12,7 +12,7 @@ group of the local grouping and come out as zeros), and the partial outputs are 
 with a reduce-scatter, so every device ends with its own tokens' full output. No capacity
 factor, no dropped tokens: the result is the single-device ``MoE.__call__`` up to summation
 order. Column-split (``tensor``) down-projection partials are summed with a psum. The routing
-and expert math are the model's own (``MoE.route``, ``MoE.expert_ffn``, ``MoE.combine``) on the
+and expert math are the model's own (``MoE.route``, ``MoE.expert_ffn``) on the
 local shards.
 """
 
@@ -77,7 +77,7 @@ def moe_forward(ctx: ParallelContext, module: Any, x: Array) -> Array:
             first = linear_axis_index(exp_axes, mesh) * e_local if exp_axes else 0
             local_ids = experts - first  # outside [0, e_local): another device's expert
             rows = group_rows(local_ids.reshape(-1), e_local, impl=m.moe_impl)
-            y = m.combine(m.expert_ffn(tokens, rows), weights).astype(x_l.dtype)
+            y = rows.unpack_combine(m.expert_ffn(tokens, rows), weights).astype(x_l.dtype)
             if gather_axes:
                 y = jax.lax.psum_scatter(y, gather_axes, scatter_dimension=0, tiled=True)
             if sum_axes:
