@@ -248,7 +248,11 @@ class Qwen3(nnx.Module):
         if positions is None:
             positions = segment_positions(segment_ids)
         residual = lambda x: hooks.constrain(x, ("batch", "seq", "act_embed"))
-        x = residual(self.embed_tokens(input_ids))
+        if (lookup := hooks.override("embed")) is not None:  # sharded table on a device mesh
+            x = lookup(self.embed_tokens.embedding.get_value().astype(self.dtype), input_ids)
+        else:
+            x = self.embed_tokens(input_ids)
+        x = residual(x)
         x = run_layers(list(self.layers), x, positions, segment_ids, self.remat, residual)
         return self.norm(x)
 

@@ -40,6 +40,10 @@ class ParallelContext:
             from trainer_jax.parallel.vocab import vocab_parallel_lse_and_logits_at
 
             return partial(vocab_parallel_lse_and_logits_at, self)
+        if name == "embed":
+            from trainer_jax.parallel.embed import embed_lookup
+
+            return partial(embed_lookup, self)
         if name == "layer_stack":
             return self.constrain_layer_stack
         return None

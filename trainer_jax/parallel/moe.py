@@ -28,19 +28,9 @@ from jax.sharding import PartitionSpec as P
 from trainer_jax.models.grouped_matmul import group_rows
 from trainer_jax.parallel import hooks
 from trainer_jax.parallel.context import ParallelContext, linear_axis_index
-from trainer_jax.parallel.rules import path_str
+from trainer_jax.parallel.rules import path_str, spec_axes
 
 Array = jax.Array
-
-
-def _axes(entry: Any) -> tuple[str, ...]:
-    if entry is None:
-        return ()
-    return entry if isinstance(entry, tuple) else (entry,)
-
-
-def _entry(spec: P, i: int) -> tuple[str, ...]:
-    return _axes(spec[i]) if i < len(spec) else ()
 
 
 def moe_forward(ctx: ParallelContext, module: Any, x: Array) -> Array:
@@ -49,12 +39,12 @@ def moe_forward(ctx: ParallelContext, module: Any, x: Array) -> Array:
     b, t, d = x.shape
     num_experts = module.num_experts
     x_spec = rules.spec(("batch", "seq", None), x.shape, mesh)
-    token_axes = set(_entry(x_spec, 0) + _entry(x_spec, 1))
+    token_axes = set(spec_axes(x_spec, 0) + spec_axes(x_spec, 1))
 
     graphdef, state = nnx.split(module)
     up_shape = module.gate_proj.get_value().shape  # [E, D, F]
     up_spec = rules.spec(("experts", None, "moe_mlp"), up_shape, mesh, units=rules.units)
-    exp_axes, f_axes = _entry(up_spec, 0), _entry(up_spec, 2)
+    exp_axes, f_axes = spec_axes(up_spec, 0), spec_axes(up_spec, 2)
     down_spec = P(exp_axes or None, f_axes or None)  # [E, F, D]
 
     def spec_of(path: str) -> P:

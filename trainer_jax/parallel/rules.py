@@ -47,6 +47,14 @@ from jax.sharding import PartitionSpec as P
 
 LogicalAxes = tuple[str | None, ...]
 
+
+def spec_axes(spec: P, dim: int) -> tuple[str, ...]:
+    """The mesh axes that split dimension ``dim`` of ``spec`` (major to minor; none past its end)."""
+    entry = spec[dim] if dim < len(spec) else None
+    if entry is None:
+        return ()
+    return entry if isinstance(entry, tuple) else (entry,)
+
 LOGICAL_AXES: dict[str, tuple[str, ...]] = {
     "batch": ("data", "fsdp", "expert"),
     "seq": (),
