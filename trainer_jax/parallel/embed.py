@@ -16,17 +16,17 @@ into the table's own ``D`` slice; the sum over the remaining batch axes is an al
 from __future__ import annotations
 
 from functools import partial
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from trainer_jax.parallel.context import ParallelContext
 from trainer_jax.parallel.rules import spec_axes
 
 
-def embed_lookup(ctx: Any, table: jax.Array, ids: jax.Array) -> jax.Array:
+def embed_lookup(ctx: ParallelContext, table: jax.Array, ids: jax.Array) -> jax.Array:
     """``table[ids]`` (``[B, T] -> [B, T, D]``) with the resharding backward (module docstring)."""
     mesh, rules = ctx.mesh, ctx.rules
     table_spec = rules.param_spec("embed_tokens/embedding", table.shape, mesh)
