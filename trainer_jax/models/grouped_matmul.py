@@ -75,28 +75,32 @@ def _take_rows_bwd(copies, residuals, g):
 _take_rows.defvjp(_take_rows_fwd, _take_rows_bwd)
 
 
+def _copies(y: Array, weights: Array, index: Array, valid: Array) -> Array:
+    """``where(valid, y[index], 0)`` as ``[N, copies, F]`` (the copies of each token)."""
+    return jnp.where(valid[:, None], y[index], 0).reshape(weights.shape + y.shape[-1:])
+
+
 @partial(jax.custom_vjp, nondiff_argnums=(6,))
 def _combine_rows(y: Array, weights: Array, index: Array, valid: Array, back_index: Array,
                   back_valid: Array, copies: int) -> Array:
     """``sum_j weights[n, j] * where(valid, y[index], 0)[n * copies + j]`` -> ``[N, F]``, with
     ``y``'s cotangent gathered through ``back_index`` (the inverse map, as in ``_take_rows``)."""
-    rows = jnp.where(valid[:, None], y[index], 0).reshape(weights.shape + y.shape[-1:])
-    return jnp.einsum("nkf,nk->nf", rows, weights.astype(y.dtype))
+    return jnp.einsum("nkf,nk->nf", _copies(y, weights, index, valid), weights.astype(y.dtype))
 
 
 def _combine_rows_fwd(y, weights, index, valid, back_index, back_valid, copies):
-    out = _combine_rows(y, weights, index, valid, back_index, back_valid, copies)
-    return out, (y, weights, index, valid, back_index, back_valid)
+    rows = _copies(y, weights, index, valid)  # kept for the weights' gradient
+    out = jnp.einsum("nkf,nk->nf", rows, weights.astype(y.dtype))
+    return out, (rows, weights, back_index, back_valid)
 
 
 def _combine_rows_bwd(copies, residuals, g):
-    y, weights, index, valid, back_index, back_valid = residuals
+    rows, weights, back_index, back_valid = residuals
     # Row s of y went to token back_index[s] // copies with that copy's weight.
     w_of_row = weights.reshape(-1)[back_index].astype(g.dtype)
     gy = jnp.where(back_valid[:, None], g[back_index // copies] * w_of_row[:, None], 0)
-    rows = jnp.where(valid[:, None], y[index], 0).reshape(weights.shape + y.shape[-1:])
-    gw = jnp.einsum("nkf,nf->nk", rows, g.astype(y.dtype)).astype(weights.dtype)
-    return gy.astype(y.dtype), gw, None, None, None, None
+    gw = jnp.einsum("nkf,nf->nk", rows, g.astype(rows.dtype)).astype(weights.dtype)
+    return gy.astype(rows.dtype), gw, None, None, None, None
 
 
 _combine_rows.defvjp(_combine_rows_fwd, _combine_rows_bwd)

@@ -35,25 +35,23 @@ def embed_lookup(ctx: ParallelContext, table: jax.Array, ids: jax.Array) -> jax.
     batch_axes = tuple(a for a in spec_axes(rows_spec, 0) if a not in d_axes)
     cotangent = P(batch_axes or None, *(rows_spec[1:2] or (None,)), d_axes or None)
     shardings = (NamedSharding(mesh, cotangent), NamedSharding(mesh, table_spec))
-    return _lookup(table, ids, table.shape, shardings)
+    return _lookup(table, ids, (table.shape, table.dtype), shardings)
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(2, 3))
-def _lookup(table: jax.Array, ids: jax.Array, shape: tuple[int, int],
+def _lookup(table: jax.Array, ids: jax.Array, table_type: tuple[tuple[int, int], jnp.dtype],
             shardings: tuple[NamedSharding, NamedSharding]) -> jax.Array:
     return jnp.take(table, ids, axis=0)
 
 
-def _lookup_fwd(table, ids, shape, shardings):
-    # The dtype rides along as an empty array: residuals must be arrays.
-    return _lookup(table, ids, shape, shardings), (ids, jnp.zeros((0,), table.dtype))
+def _lookup_fwd(table, ids, table_type, shardings):
+    return _lookup(table, ids, table_type, shardings), ids
 
 
-def _lookup_bwd(shape, shardings, residuals, g):
-    ids, like = residuals
-    cotangent, table_sharding = shardings
+def _lookup_bwd(table_type, shardings, ids, g):
+    (shape, dtype), (cotangent, table_sharding) = table_type, shardings
     g = jax.lax.with_sharding_constraint(g, cotangent)
-    grad = jnp.zeros(shape, like.dtype).at[ids].add(g.astype(like.dtype))
+    grad = jnp.zeros(shape, dtype).at[ids].add(g.astype(dtype))
     return jax.lax.with_sharding_constraint(grad, table_sharding), None
 
 
