@@ -45,14 +45,18 @@ def peak_tflops(device_name: str) -> float | None:
     return None
 
 
-def model_flops_per_token(cfg, seq_len: int) -> float:
-    """Forward + backward FLOPs per token: 6 x matmul parameters, plus causal attention."""
+def model_flops_per_token(cfg, seq_len: int, segments: list[int] | None = None) -> float:
+    """Forward + backward FLOPs per token: 6 x matmul parameters, plus causal attention over the
+    keys each query sees (``segments``: the packed sequences' lengths; default one of seq_len)."""
     d, hd, layers = cfg.hidden_size, cfg.head_dim, cfg.num_hidden_layers
     attn = d * hd * (2 * cfg.num_attention_heads + 2 * cfg.num_key_value_heads)
     mlp = 3 * d * cfg.intermediate_size
     matmul_params = layers * (attn + mlp) + d * cfg.vocab_size  # the LM head, tied or not
-    # Scores and probs @ V: 4 * hd FLOPs per (query, key, head) forward, seq_len / 2 keys a query.
-    attention = layers * 3 * 4 * hd * cfg.num_attention_heads * seq_len / 2
+    # Scores and probs @ V: 4 * hd FLOPs per (query, key, head) forward; a query sees the keys of
+    # its own sequence up to itself, L / 2 on average in a sequence of L.
+    segments = segments or [seq_len]
+    keys_per_query = sum(n * n / 2 for n in segments) / seq_len
+    attention = layers * 3 * 4 * hd * cfg.num_attention_heads * keys_per_query
     return 6 * matmul_params + attention
 
 
@@ -75,6 +79,7 @@ def train_step_check(tiny: bool, attention_impl: str | None, remat: str) -> dict
 
     from convert.qwen3_config import Qwen3Config
     from trainer_jax.kernels.linear_logsumexp import linear_logsumexp
+    from trainer_jax.kernels.linear_logsumexp.names import resolve_impl
     from trainer_jax.models import init_model
 
     cfg = Qwen3Config(**(TINY if tiny else QWEN3_06B))
@@ -82,11 +87,13 @@ def train_step_check(tiny: bool, attention_impl: str | None, remat: str) -> dict
     model = init_model(cfg, dtype=jnp.bfloat16, param_dtype=jnp.float32,
                        attention_impl=attention_impl, remat=remat)
     optimizer = nnx.Optimizer(model, optax.adamw(1e-5), wrt=nnx.Param)
-    lse_impl = "xla" if jax.default_backend() == "cpu" else "pallas"
+    # The loss kernel the trainer's ``objective.impl: auto`` picks here; (b) checks pallas alone.
+    lse_impl = resolve_impl("auto")
     rng = np.random.default_rng(0)
     ids = jnp.asarray(rng.integers(0, cfg.vocab_size, (rows, seq)), jnp.int32)
     # Two sequences per row, so segment masking is exercised as in packed training.
-    seg = jnp.asarray(np.repeat([[1] * (seq // 3) + [2] * (seq - seq // 3)], rows, 0), jnp.int32)
+    segments = [seq // 3, seq - seq // 3]
+    seg = jnp.asarray(np.repeat([[1] * segments[0] + [2] * segments[1]], rows, 0), jnp.int32)
 
     @nnx.jit
     def step(model, optimizer, ids, seg):
@@ -111,7 +118,7 @@ def train_step_check(tiny: bool, attention_impl: str | None, remat: str) -> dict
     device = jax.devices()[0]
     name = getattr(device, "device_kind", str(device))
     peak = peak_tflops(name)
-    flops = model_flops_per_token(cfg, seq) * tokens
+    flops = model_flops_per_token(cfg, seq, segments) * tokens
     out = {"model": "tiny" if tiny else "qwen3-0.6b-shape", "rows": rows, "seq_len": seq,
            "dtype": "bfloat16 compute, float32 params and AdamW state", "remat": remat,
            "attention_impl": attention_impl or "auto", "lse_impl": lse_impl,

@@ -43,7 +43,7 @@ case $action in
     [[ $action == check ]] && default=".venv/bin/python -m trainer_jax.parallel.check"
     program=${MIXRL_CMD:-$default}
     args=$(printf '%q ' "$@")
-    # Every host logs to its own file in the run's directory and to this terminal.
+    # Every host logs to logs/<hostname>.log in the checkout on that host and to this terminal.
     gcloud_tpu ssh "$tpu" --command "cd $remote_dir && mkdir -p logs && \
       $program --config $(printf '%q' "$config") $args 2>&1 | tee logs/\$(hostname).log"
     ;;

@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         sub.parse_known_args(argv[1:])  # --help works; anything else is not built yet
         console.print(f"[red]mixrl-train {argv[0]}: not implemented yet[/red] ({PLANNED[argv[0]]})")
         return 2
-    args = _main_parser().parse_args(argv)
+    args = _main_parser().parse_intermixed_args(argv)  # key=value before or after the flags
     overrides = list(args.overrides)
     if args.run_dir:
         overrides.append(f"run.dir={args.run_dir}")
@@ -80,6 +80,9 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         summary = train(cfg, resume=args.resume, console=console)
+    except ConfigError as e:  # the config against the machine (mesh, platform): found at setup
+        console.print(f"[red]error:[/red] {e}", highlight=False)
+        return 2
     except (CheckpointError, StorageError, OSError) as e:  # disk full, unwritable, corrupt: one line
         console.print(f"[red]error:[/red] {' '.join(str(e).split())}")
         # Exit now: the run has closed what it owns, and library exit hooks (tensorboard's flush,

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh
 
 from convert.qwen3_config import Qwen3Config
-from trainer_jax.config import RunConfig
+from trainer_jax.config import ConfigError, RunConfig
 from trainer_jax.models import Qwen3
+from trainer_jax.models.attention import check_platform
 from trainer_jax.parallel.mesh import make_mesh
 from trainer_jax.parallel.rules import ShardingRules
 from trainer_jax.parallel.sharding import init_sharded_model, load_hf_sharded
@@ -34,6 +37,27 @@ def model_config(cfg: RunConfig, vocab_size: int, special_ids: dict[str, int] | 
         extra={f"{k}_token_id": v for k, v in (special_ids or {}).items()})
 
 
+def check_layout(cfg: RunConfig, mesh: Mesh) -> None:
+    """The run's batches and kernels against the mesh, before anything is built (``ConfigError``).
+
+    Rows are split over the ``batch`` axes (data, fsdp, expert) in whole rows, and each
+    micro-batch is too: a count the shards do not divide would leave the batch whole on every
+    device (every device computing every row), so it is an error rather than a slow run.
+    """
+    rules = ShardingRules.for_model(None, cfg.mesh.rules)
+    shards = math.prod(mesh.shape[a] for a in rules.logical["batch"])
+    split = " x ".join(f"{a} {mesh.shape[a]}" for a in rules.logical["batch"])
+    for key, rows in (("train.rows", cfg.train.rows), ("train.micro_rows", cfg.train.micro_rows),
+                      ("sft.rows", cfg.sft.rows if cfg.sft.steps else None)):
+        if rows is not None and rows % shards:
+            raise ConfigError(f"{key} ({rows}) must be a multiple of the mesh's batch shards "
+                              f"({split} = {shards}): every device takes whole rows")
+    try:
+        check_platform(cfg.model.attention, mesh.devices.flat[0].platform)
+    except ValueError as e:
+        raise ConfigError(f"model.attention: {e}") from None
+
+
 def build_policy(cfg: RunConfig, vocab_size: int, special_ids: dict[str, int] | None = None,
                  mesh: Mesh | None = None) -> tuple[Qwen3, Qwen3Config]:
     """The initial policy, created on ``mesh`` (default: one device) and never whole elsewhere:
@@ -42,10 +66,12 @@ def build_policy(cfg: RunConfig, vocab_size: int, special_ids: dict[str, int] | 
     qcfg = model_config(cfg, vocab_size, special_ids)
     rules = ShardingRules.for_model(qcfg, cfg.mesh.rules)
     dtype = DTYPES[cfg.model.dtype]
+    attention = cfg.model.attention
     if cfg.model.hf_dir:
-        model, qcfg = load_hf_sharded(cfg.model.hf_dir, mesh, rules, dtype=dtype, param_dtype=jnp.float32)
+        model, qcfg = load_hf_sharded(cfg.model.hf_dir, mesh, rules, dtype=dtype,
+                                      param_dtype=jnp.float32, attention_impl=attention)
     else:
         model = init_sharded_model(qcfg, mesh, rules, seed=cfg.model.seed, dtype=dtype,
-                                   param_dtype=jnp.float32)
+                                   param_dtype=jnp.float32, attention_impl=attention)
     model.remat = cfg.train.remat  # read when the step is traced (trainer_jax.models.remat)
     return model, qcfg

@@ -45,7 +45,7 @@ from trainer_jax.objective import compute_advantages, reduce_metrics
 from trainer_jax.parallel.lockstep import CALIBRATE, CHECKPOINT, PUBLISH, STEP, STOP, Lockstep, Order
 from trainer_jax.parallel.mesh import describe, make_mesh
 from trainer_jax.parallel.rules import ShardingRules
-from trainer_jax.policy import build_policy
+from trainer_jax.policy import build_policy, check_layout
 from trainer_jax.progress import StepProgress
 from trainer_jax.publisher import Publisher, snapshot
 from trainer_jax.resume import StorageError, continue_versions, storage_failure, trim_metrics
@@ -163,7 +163,7 @@ class Trainer:
             # Every process draws the same demonstrations; process 0's are the ones trained on.
             losses = warm_start(self.model, self.eval_source.envs, cfg.sft,
                                 np.random.default_rng(cfg.run.seed), on_step=on_step,
-                                share=self.lockstep.share)
+                                share=self.lockstep.share, context=self.learner.context)
         self.meta["sft_done"] = True
         self.console.print(f"warm start: {len(losses)} steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}")
 
@@ -471,6 +471,7 @@ def train(cfg: RunConfig, *, resume: bool = False, console: Console | None = Non
     from trainer_jax.parallel.distributed import init_distributed
 
     init_distributed(cfg.distributed)  # before anything touches a device
+    check_layout(cfg, make_mesh(cfg.mesh))  # before the run directory is touched
     lockstep = Lockstep(cfg.distributed.heartbeat_timeout_s)
     trainer = Trainer(cfg, resume=resume, console=console, lockstep=lockstep)
     if lockstep.watch is not None and lockstep.leader:  # a lost peer: take the samplers down too

@@ -110,13 +110,17 @@ class FP8BlockLinear(QuantLinear):
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
         if not self.native:
             return fake_quant_fp8_groups(x.float(), FP8_BLOCK) @ self.weight.t()
+        out_dtype = scaled_mm_out_dtype(x.device)
+        if out_dtype is None:
+            raise RuntimeError(f"torch runs no fp8 _scaled_mm with row-wise scales on {x.device}; "
+                               "use the recipe's kernel: emulate")
         q, s = quantize_fp8_groups(x.float(), FP8_BLOCK)
         out = None
         for g in range(self.n_groups):
             cols = slice(g * FP8_BLOCK, min(self.in_features, (g + 1) * FP8_BLOCK))
             part = torch._scaled_mm(q[:, cols].contiguous(), getattr(self, f"weight_g{g}").t(),
                                     scale_a=s[:, g:g + 1].contiguous(),
-                                    scale_b=getattr(self, f"scale_g{g}"), out_dtype=torch.float32)
+                                    scale_b=getattr(self, f"scale_g{g}"), out_dtype=out_dtype).float()
             out = part if out is None else out + part
         return out
 
@@ -164,14 +168,35 @@ class Int8Linear(QuantLinear):
                 + ("_int_mm" if self.native else "emulate"))
 
 
+_SCALED_MM_OUT: dict[str, torch.dtype | None] = {}
+
+
+def scaled_mm_out_dtype(device: torch.device | str = "cpu") -> torch.dtype | None:
+    """The output dtype ``torch._scaled_mm`` takes on ``device`` with row-wise scales, the form
+    ``FP8BlockLinear`` calls it in (probed once per device): float32 where it runs (CPU; CUDA
+    with recent cuBLAS), else bfloat16 (CUDA's row-wise kernels accept only that output on many
+    torch / cuBLAS versions; each group's partial is then rounded to bf16 before the float32
+    sum), None when there is no fp8 GEMM there."""
+    device = torch.device(device)
+    key = str(device)
+    if key not in _SCALED_MM_OUT:
+        _SCALED_MM_OUT[key] = None
+        for dtype in (torch.float32, torch.bfloat16):
+            try:
+                # 16 x 32 by 32 x 16: the smallest shapes CUDA's fp8 GEMM accepts (multiples of 16).
+                a = torch.zeros(16, 32, dtype=torch.float8_e4m3fn, device=device)
+                b = torch.zeros(16, 32, dtype=torch.float8_e4m3fn, device=device)
+                torch._scaled_mm(a, b.t(), scale_a=torch.ones(16, 1, device=device),
+                                 scale_b=torch.ones(1, 16, device=device), out_dtype=dtype)
+                _SCALED_MM_OUT[key] = dtype
+                break
+            except (RuntimeError, AttributeError, NotImplementedError, TypeError):
+                continue
+    return _SCALED_MM_OUT[key]
+
+
 def _has_scaled_mm() -> bool:
-    try:
-        a = torch.zeros(1, 16, dtype=torch.float8_e4m3fn)
-        one = torch.ones(1, 1)
-        torch._scaled_mm(a, a.t(), scale_a=one, scale_b=one, out_dtype=torch.float32)
-        return True
-    except (RuntimeError, AttributeError, NotImplementedError):
-        return False
+    return scaled_mm_out_dtype("cpu") is not None  # the engine runs on the CPU
 
 
 def _has_int_mm() -> bool:

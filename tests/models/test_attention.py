@@ -104,8 +104,10 @@ def test_blocked_never_builds_the_score_matrix():
     assert temp_bytes("blocked") < per_head_scores / 8
 
 
-def test_pallas_gpu_kernel_in_interpret_mode():
-    _compare("pallas_gpu", (2, 40, 4, 2, 16), 2e-5, interpret=True, block=16)
+@pytest.mark.parametrize("block, backward_block", [(16, 32), (32, 8)])
+def test_pallas_gpu_kernel_in_interpret_mode(block, backward_block):
+    _compare("pallas_gpu", (2, 40, 4, 2, 16), 2e-5, interpret=True, block=block,
+             backward_block=backward_block)
 
 
 def test_splash_kernel_in_interpret_mode():

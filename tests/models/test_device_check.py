@@ -35,5 +35,10 @@ def test_mfu_arithmetic():
     # ~0.6 B matmul parameters at 6 FLOPs each per token, plus causal attention (~40 % more at 4,096).
     per_token = model_flops_per_token(cfg, 4096)
     assert 6 * 0.55e9 * 1.3 < per_token < 6 * 0.65e9 * 1.5
+    # Two packed sequences of a third and two thirds: 5/9 of the one-sequence attention work.
+    packed = model_flops_per_token(cfg, 4096, [1365, 2731])
+    matmuls = model_flops_per_token(cfg, 4096, [0])  # no keys seen: the matmul parameters alone
+    ratio = (packed - matmuls) / (per_token - matmuls)
+    assert abs(ratio - (1365**2 + 2731**2) / 4096**2) < 1e-6
     assert peak_tflops("NVIDIA H200") == 989.0 and peak_tflops("NVIDIA H100 PCIe") == 756.0
     assert peak_tflops("some CPU") is None

@@ -88,10 +88,13 @@ def test_gpu_host_script_runs_the_smoke_check_here(tmp_path):
          "model.dtype=float32", "model.hidden_size=32", "model.intermediate_size=64",
          "model.num_attention_heads=4", "model.num_key_value_heads=2", "model.head_dim=8",
          "mesh.fsdp=1", "mesh.tensor=1", "mesh.data=-1", "train.rows=2", "train.row_len=16",
-         "train.max_tokens=16", "train.support_k=4", "--steps", "2", "--vocab-size", "64",
+         "train.max_tokens=16", "train.support_k=4", "train.micro_rows=1", "--steps", "2",
+         "--vocab-size", "64",
          "--out", str(out)], env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads(out.read_text())
     assert report["processes"] == 1 and report["mesh"] == "data=1 fsdp=1 expert=1 tensor=1"
+    # The run's memory settings reach the check (configs/gpu_host.yaml: full remat).
+    assert (report["remat"], report["micro_rows"], report["attention"]) == ("full", 1, "auto")
     assert len(report["losses"]) == 2 and report["memory"]["state_bytes_per_device"] > 0
     assert report["xla_memory"]["argument_size_bytes"] >= report["memory"]["state_bytes_per_device"]

@@ -27,10 +27,8 @@ def _launch(cfg: Path, run_dir: Path, *args: str) -> subprocess.CompletedProcess
         env=env, capture_output=True, text=True, timeout=900, cwd=ROOT)
 
 
-# Through the GPU launch script; CI runs the same contract (a (2 data x 2 fsdp x 2 tensor) mesh with
-# real samplers, then --resume onto (4 fsdp x 2 tensor)) as two processes in
-# tests/parallel/test_multiprocess_training.py.
-@pytest.mark.slow
+# Through the GPU launch script, as a user starts it (the two-process form of the loop is
+# tests/parallel/test_multiprocess_training.py).
 @pytest.mark.timeout(1200)
 def test_train_on_a_mesh_then_resume_onto_another(tmp_path):
     cfg = tmp_path / "mesh.yaml"

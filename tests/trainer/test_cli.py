@@ -1,5 +1,6 @@
 """The console scripts exist, `--help` works, and the main job runs end to end on a tiny config."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -7,6 +8,7 @@ from pathlib import Path
 import pytest
 
 BIN = Path(sys.executable).parent
+ROOT = Path(__file__).parent.parent.parent
 
 
 @pytest.mark.parametrize("script", ["mixrl-train", "mixrl-sample", "mixrl-convert"])
@@ -41,3 +43,26 @@ def test_build_policy_takes_special_token_ids_from_the_tokenizer():
     hf = qcfg.to_hf_dict()
     assert (hf["pad_token_id"], hf["bos_token_id"], hf["eos_token_id"]) == (3, 7, 9)
     assert hf["vocab_size"] == 40
+
+
+def _train_cli(tmp_path, *args, devices=1):
+    env = {**os.environ, "JAX_PLATFORMS": "cpu",
+           "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
+    return subprocess.run([BIN / "mixrl-train", "--config", "configs/local_mixed.yaml", *args],
+                          capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
+
+
+def test_a_config_the_machine_cannot_run_fails_before_the_run_dir_is_touched(tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "summary.json").write_text("{}")  # an earlier run: must stay where it is
+    # key=value overrides may come before the flags (the SLURM script puts its own first).
+    out = _train_cli(tmp_path, "model.attention=splash", "--run-dir", str(run_dir))
+    assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "model.attention" in out.stdout and "runs on tpu, not on cpu" in out.stdout
+    out = _train_cli(tmp_path, "--run-dir", str(run_dir), "train.rows=16", "train.micro_rows=4",
+                     devices=8)
+    assert out.returncode == 2 and "train.micro_rows (4) must be a multiple of the mesh's batch " \
+        "shards (data 8 x fsdp 1 x expert 1 = 8)" in out.stdout, out.stdout[-2000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # nothing set aside
+    assert [p.name for p in run_dir.iterdir()] == ["summary.json"]

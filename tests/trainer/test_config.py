@@ -23,6 +23,7 @@ def test_defaults_and_overrides(tmp_path):
         ("model: {hidden_size: -4}\n", [], r"model\.hidden_size"),
         ("groups: [{name: a}, {name: a}]\n", [], "unique"),
         ("groups: [{name: a, attention: flash9}]\n", [], r"groups\.0\.attention"),
+        ("model: {attention: flash}\n", [], r"model\.attention: .*unknown attention implementation"),
         ("objective: {c_max: -1}\n", [], r"objective\.c_max"),
         ("- just a list\n", [], "mapping"),
         ("run: {name: [unclosed\n", [], "not valid YAML"),

@@ -59,6 +59,9 @@ def test_train_publish_and_resume(tmp_path):
     assert {"group/bf16/sample_share", "group/fp8/sample_share", "group/fp8/k3"} <= set(steps[0])
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["steps"] == 3 and not summary["publish_errors"]
+    # One device is the degenerate mesh of the one learner.
+    assert summary["mesh"] == {"data": 1, "fsdp": 1, "expert": 1, "tensor": 1}
+    assert (summary["devices"], summary["processes"]) == (1, 1)
     assert set(summary["formats"]) == {"bf16", "fp8_block"}
     latest = (run_dir / "weights" / "LATEST").read_text().strip()
     assert latest == "v00000003"

@@ -34,6 +34,15 @@ class ModelConfig(_Strict):
     moe_intermediate_size: int = Field(0, ge=0)
     seed: int = 0
     dtype: Literal["float32", "bfloat16"] = "float32"  # the trainer's compute dtype (params stay fp32)
+    # trainer_jax.models.attention.IMPLS, or auto: blocked on CPU, Pallas flash on GPU, splash on TPU
+    attention: str = "auto"
+
+    @field_validator("attention")
+    @classmethod
+    def _known_attention(cls, v: str) -> str:
+        from trainer_jax.models.attention import IMPLS
+
+        return one_of(v, ("auto", *IMPLS), "attention implementation")
 
 
 class OptimizerConfig(_Strict):

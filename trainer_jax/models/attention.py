@@ -59,6 +59,18 @@ def default_impl(seq_len: int, platform: str | None = None) -> str:
     return "blocked"
 
 
+# The platforms a fused kernel compiles for (the others run anywhere XLA does).
+KERNEL_PLATFORMS = {"pallas_gpu": ("gpu", "cuda"), "splash": ("tpu",)}
+
+
+def check_platform(impl: str, platform: str | None = None) -> None:
+    """Fail early (at setup, not at the first step's trace) when ``impl`` cannot run here."""
+    platform = platform or jax.default_backend()
+    if impl in KERNEL_PLATFORMS and platform not in KERNEL_PLATFORMS[impl]:
+        raise ValueError(f"attention implementation {impl!r} runs on {'/'.join(KERNEL_PLATFORMS[impl])}, "
+                         f"not on {platform}; use 'auto' (here: {default_impl(0, platform)!r})")
+
+
 def attention_reference(q: Array, k: Array, v: Array, segment_ids: Array) -> Array:
     """Plain attention: every score of every head, masked, softmax in fp32."""
     b, t, h, hd = q.shape
@@ -83,15 +95,22 @@ def _pad_time(x: Array, multiple: int) -> Array:
 
 
 def attention_pallas_gpu(q: Array, k: Array, v: Array, segment_ids: Array, *,
-                         interpret: bool = False, block: int = 128) -> Array:
-    """Pallas flash attention for GPUs (Triton); ``interpret=True`` runs it on CPU for tests."""
+                         interpret: bool = False, block: int = 128,
+                         backward_block: int = 32) -> Array:
+    """Pallas flash attention for GPUs (Triton); ``interpret=True`` runs it on CPU for tests.
+
+    ``block`` tiles the forward, ``backward_block`` the two backward kernels: the kernel's own
+    defaults (128 / 32), since a backward tile holds q, k, v, dO and dQ/dK/dV blocks at once and
+    128-row tiles of 128-wide heads overflow the shared memory Triton may use.
+    """
     from jax.experimental.pallas.ops.gpu import attention as pallas_attention
 
     b, t, h, hd = q.shape
     g = h // k.shape[2]
     block = min(block, 1 << max(t - 1, 0).bit_length())  # a power of two, as Triton needs
-    sizes = pallas_attention.BlockSizes(block_q=block, block_k=block, block_q_dkv=block,
-                                        block_kv_dkv=block, block_q_dq=block, block_kv_dq=block)
+    bwd = min(backward_block, block)  # divides block: both are powers of two
+    sizes = pallas_attention.BlockSizes(block_q=block, block_k=block, block_q_dkv=bwd,
+                                        block_kv_dkv=bwd, block_q_dq=bwd, block_kv_dq=bwd)
     # Padded positions get segment 0: the kernel lets them see only other padding.
     out = pallas_attention.mha(
         _pad_time(q, block), _pad_time(jnp.repeat(k, g, axis=2), block),
@@ -157,5 +176,5 @@ def attention(q: Array, k: Array, v: Array, segment_ids: Array, *, impl: str | N
     return IMPLS[impl](q, k, v, jnp.asarray(segment_ids, jnp.int32), **options)
 
 
-__all__ = ["CPU_BLOCK", "IMPLS", "AttentionImpl", "attention", "attention_reference",
-           "default_impl", "visible"]
+__all__ = ["CPU_BLOCK", "IMPLS", "KERNEL_PLATFORMS", "AttentionImpl", "attention",
+           "attention_reference", "check_platform", "default_impl", "visible"]

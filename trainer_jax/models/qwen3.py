@@ -112,7 +112,8 @@ class Attention(nnx.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         capture.amax("self_attn.k", k)  # what a KV cache stores: K after norm and RoPE, and V
         capture.amax("self_attn.v", v)
-        out = attention(q, k, v, segment_ids, impl=self.attention_impl).reshape(b, t, self.num_heads * hd)
+        attend = hooks.override("attention") or attention  # on a mesh: per device, no gathers
+        out = attend(q, k, v, segment_ids, impl=self.attention_impl).reshape(b, t, self.num_heads * hd)
         capture.amax("self_attn.o", out)
         return self.o_proj(out)
 

@@ -86,9 +86,10 @@ def run_check(cfg: RunConfig, *, steps: int = 3, load: bool = False, vocab_size:
     from trainer_jax.parallel.memory import compiled_memory, state_memory_report
     from trainer_jax.parallel.mesh import describe
     from trainer_jax.parallel.sharding import init_sharded_model, load_hf_sharded
-    from trainer_jax.policy import DTYPES, model_config
+    from trainer_jax.policy import DTYPES, check_layout, model_config
 
     mesh = make_mesh(cfg.mesh)
+    check_layout(cfg, mesh)
     qcfg = model_config(cfg, vocab_size)
     rules = ShardingRules.for_model(qcfg, cfg.mesh.rules)
     dtype = DTYPES[cfg.model.dtype]
@@ -96,12 +97,14 @@ def run_check(cfg: RunConfig, *, steps: int = 3, load: bool = False, vocab_size:
     if load:
         if not cfg.model.hf_dir:
             raise ConfigError("--load needs model.hf_dir")
-        model, _ = load_hf_sharded(cfg.model.hf_dir, mesh, rules, dtype=dtype, param_dtype=jnp.float32)
+        model, _ = load_hf_sharded(cfg.model.hf_dir, mesh, rules, dtype=dtype, param_dtype=jnp.float32,
+                                   attention_impl=cfg.model.attention)
     else:
         model = init_sharded_model(qcfg, mesh, rules, seed=cfg.model.seed, dtype=dtype,
-                                   param_dtype=jnp.float32)
+                                   param_dtype=jnp.float32, attention_impl=cfg.model.attention)
+    model.remat = cfg.train.remat  # the run's memory settings, so the figures are the run's
     objective = cfg.objective.model_copy(update={"num_groups": max(1, len(cfg.groups))})
-    learner = Learner(model, cfg.optimizer, objective, mesh, rules)
+    learner = Learner(model, cfg.optimizer, objective, mesh, rules, micro_rows=cfg.train.micro_rows)
     init_s = time.perf_counter() - t0
     inputs, batch = synthetic_batch(qcfg.vocab_size, rows=cfg.train.rows, row_len=cfg.train.row_len,
                                     max_tokens=cfg.train.max_tokens, head_k=cfg.tasks.sampling.head_k,
@@ -119,7 +122,8 @@ def run_check(cfg: RunConfig, *, steps: int = 3, load: bool = False, vocab_size:
     report: dict[str, Any] = {
         "mesh": describe(mesh), "platform": jax.devices()[0].platform,
         "processes": info.process_count, "devices": info.device_count,
-        "distributed": info.reason,
+        "distributed": info.reason, "remat": cfg.train.remat, "micro_rows": cfg.train.micro_rows,
+        "attention": cfg.model.attention,
         "params": sum(x.size for x in jax.tree.leaves(nnx.state(learner.model, nnx.Param))),
         "memory": state_memory_report(learner.model, learner.optimizer), "xla_memory": xla,
         "init_s": round(init_s, 3), "compile_s": round(compile_s, 3),
@@ -165,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--publish-dir", help="publish the weights (bf16) here from process 0")
     p.add_argument("--out", help="also write the report (process 0) to this JSON file")
     p.add_argument("overrides", nargs="*", metavar="key=value")
-    args = p.parse_args(argv)
+    args = p.parse_intermixed_args(argv)  # key=value before or after the flags
     try:
         cfg = load_config(args.config, args.overrides)
         restore = None

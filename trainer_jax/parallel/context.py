@@ -40,6 +40,10 @@ class ParallelContext:
             from trainer_jax.parallel.vocab import vocab_parallel_lse_and_logits_at
 
             return partial(vocab_parallel_lse_and_logits_at, self)
+        if name == "attention":
+            from trainer_jax.parallel.attention import attention_forward
+
+            return partial(attention_forward, self)
         if name == "embed":
             from trainer_jax.parallel.embed import embed_lookup
 

@@ -2,12 +2,11 @@
 
 The single-device code paths (``trainer_jax.models.qwen3``, ``trainer_jax.objective.loss``) call
 ``constrain`` on a few activations and ask ``override`` for the operations whose sharded
-version is not what the SPMD partitioner would derive by itself (the MoE dispatch, the
-vocabulary-parallel log-sum-exp, the placement of the remat scan's stacked layer states, the
-embedding table's gradient). Both
-are no-ops unless a ``ParallelContext`` is active, which ``trainer_jax.parallel`` enters *inside*
-the functions it jits, so the hooks affect only the traces of sharded steps and single-device
-programs are unchanged.
+version is not what the SPMD partitioner would derive by itself (the MoE dispatch, attention's
+kernels, the vocabulary-parallel log-sum-exp, the placement of the remat scan's stacked layer
+states, the embedding table's gradient). Both are no-ops unless a ``ParallelContext`` is active,
+which ``trainer_jax.parallel`` enters *inside* the functions it jits, so the hooks affect only the
+traces of sharded steps and single-device programs are unchanged.
 
 This module imports nothing from the project (the model imports it).
 """
@@ -42,7 +41,7 @@ def constrain(x: jax.Array, logical_axes: Sequence[str | None]) -> jax.Array:
 
 def override(name: str) -> Callable[..., Any] | None:
     """The active context's replacement for operation ``name`` (``"moe"``, ``"lse_and_logits_at"``,
-    ``"layer_stack"``, ``"embed"``)."""
+    ``"layer_stack"``, ``"embed"``, ``"attention"``)."""
     hooks = _ACTIVE.get()
     return None if hooks is None else hooks.override(name)
 

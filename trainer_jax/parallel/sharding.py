@@ -55,7 +55,8 @@ def shard_model(model: nnx.Module, mesh: Mesh, rules: ShardingRules | None = Non
 
 def init_sharded_model(cfg: Any, mesh: Mesh, rules: ShardingRules | None = None, *,
                        seed: int = 0, dtype: Any = None, param_dtype: Any = None,
-                       moe_impl: str | None = None) -> nnx.Module:
+                       moe_impl: str | None = None, attention_impl: str | None = None
+                       ) -> nnx.Module:
     """A randomly initialised Qwen3 whose parameters are created sharded (never whole anywhere).
 
     Same values as ``models.init_model(cfg, seed=seed)``: the initialisers run inside one jit
@@ -66,7 +67,8 @@ def init_sharded_model(cfg: Any, mesh: Mesh, rules: ShardingRules | None = None,
     from trainer_jax.models import init_model
 
     dtype = jnp.float32 if dtype is None else dtype
-    build = lambda: init_model(cfg, dtype=dtype, param_dtype=param_dtype, seed=seed, moe_impl=moe_impl)
+    build = lambda: init_model(cfg, dtype=dtype, param_dtype=param_dtype, seed=seed, moe_impl=moe_impl,
+                               attention_impl=attention_impl)
     abstract = nnx.eval_shape(build)
     graphdef, abstract_state = nnx.split(abstract)
     shardings = _rules(abstract, rules).state_shardings(abstract_state, mesh, strict=True)
@@ -75,8 +77,8 @@ def init_sharded_model(cfg: Any, mesh: Mesh, rules: ShardingRules | None = None,
 
 
 def load_hf_sharded(path: str | os.PathLike, mesh: Mesh, rules: ShardingRules | None = None, *,
-                    dtype: Any = None, param_dtype: Any = None,
-                    moe_impl: str | None = None) -> tuple[nnx.Module, Any]:
+                    dtype: Any = None, param_dtype: Any = None, moe_impl: str | None = None,
+                    attention_impl: str | None = None) -> tuple[nnx.Module, Any]:
     """``models.load_hf`` onto a mesh: tensors are read into host memory (the CPU backend), then
     each is sharded and its host copy dropped. Returns ``(model, Qwen3Config)``.
 
@@ -92,10 +94,12 @@ def load_hf_sharded(path: str | os.PathLike, mesh: Mesh, rules: ShardingRules | 
     except RuntimeError:  # JAX_PLATFORMS without cpu: load onto the default device
         host = None
     if host is None:
-        model, cfg = load_hf(path, dtype, param_dtype=param_dtype, moe_impl=moe_impl)
+        model, cfg = load_hf(path, dtype, param_dtype=param_dtype, moe_impl=moe_impl,
+                             attention_impl=attention_impl)
     else:
         with jax.default_device(host):
-            model, cfg = load_hf(path, dtype, param_dtype=param_dtype, moe_impl=moe_impl)
+            model, cfg = load_hf(path, dtype, param_dtype=param_dtype, moe_impl=moe_impl,
+                                 attention_impl=attention_impl)
     return shard_model(model, mesh, rules), cfg
 
 
