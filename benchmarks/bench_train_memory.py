@@ -140,10 +140,26 @@ def main(argv: list[str] | None = None) -> int:
                                                                       *(argv or sys.argv[1:])]),
               "measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
               "model": shape, "rows": ROWS, "quick": args.quick,
-              "jax": jax.__version__, "machine": platform.machine(), "results": rows, "summary": summary}
+              "commit": _commit(), "jax": jax.__version__, "machine": platform.machine(),
+              "results": rows, "summary": summary}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     return 0
+
+
+def _commit() -> str | None:
+    """The checkout's commit (``+dirty`` with uncommitted changes), so figures name their code."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True,
+                              text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return head + ("+dirty" if dirty else "")
 
 
 if __name__ == "__main__":
