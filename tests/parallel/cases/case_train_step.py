@@ -4,7 +4,8 @@ Meshes (8 data), (2 fsdp x 4 tensor), (2 data x 2 fsdp x 2 expert) on a tiny Qwe
 and a MoE layer, untied head), two AdamW steps each: losses, gradient norms, every parameter and
 every optimizer slot (Adam's first moment is the clipped gradient, so this compares gradients
 too) against ``Learner``. Plus the dense tied-embedding model on (2 fsdp x 4 tensor), and the
-per-device parameter + optimizer memory on (2 fsdp x 4 tensor).
+per-device parameter + optimizer memory on (2 fsdp x 4 tensor), full remat and micro-batching on
+meshes.
 """
 
 from __future__ import annotations
@@ -129,5 +130,15 @@ def test_remat_scan_on_a_mesh_matches_single_device_without_remat(mesh_name, bat
     cfg = dataclasses.replace(MOE, num_hidden_layers=3)
     ref_results, ref_state = _run(Learner(init_model(cfg, seed=1), OPT, OBJ), *batch)
     learner = Learner(init_model(cfg, seed=1, remat="full"), OPT, OBJ, make_mesh(**MESHES[mesh_name]))
+    results, state = _run(learner, *batch)
+    _compare(results, state, ref_results, ref_state)
+
+
+@pytest.mark.parametrize("axes, micro_rows", [(dict(fsdp=2, tensor=4), 2), (dict(data=4, tensor=2), 4)])
+def test_micro_batching_on_a_mesh_matches_single_device(axes, micro_rows, batch, reference):
+    """Rows through the model ``micro_rows`` at a time (a multiple of the batch shards, so every
+    device works in every micro-batch) on a mesh: the one-device, one-shot step."""
+    ref_results, ref_state = reference
+    learner = Learner(init_model(MOE, seed=1), OPT, OBJ, make_mesh(**axes), micro_rows=micro_rows)
     results, state = _run(learner, *batch)
     _compare(results, state, ref_results, ref_state)
