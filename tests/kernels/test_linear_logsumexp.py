@@ -324,3 +324,14 @@ def test_pallas_compiled_on_accelerator():
         want = _lse_ent_grads("reference", {}, h, w, g, 0.8)
     for name, a, b in zip(("lse", "entropy", "dh", "dw"), got, want, strict=True):
         _assert_rel(a, b, 1e-5, f"accelerator {name}")
+
+
+def test_auto_picks_the_portable_kernel_until_pallas_is_checked_on_a_platform():
+    """``objective.impl: auto`` (the default) resolves per platform; ``pallas`` only after the GPU
+    check has compared it with ``reference`` there, which no platform has had yet."""
+    from trainer_jax.kernels.linear_logsumexp.names import AUTO_IMPL, IMPL_NAMES, resolve_impl
+
+    assert {p: resolve_impl("auto", p) for p in ("cpu", "gpu", "tpu")} == {
+        "cpu": "xla", "gpu": "xla", "tpu": "xla"}
+    assert set(AUTO_IMPL.values()) <= set(IMPL_NAMES)
+    assert resolve_impl("pallas", "cpu") == "pallas"  # a named kernel is taken as named
