@@ -42,3 +42,12 @@ def test_the_metrics_sink_keeps_torch_out(tmp_path):
     code = f"from trainer_jax.diagnostics import MetricsSink\nMetricsSink({str(tmp_path)!r}).close()"
     loaded = _loaded_after(code)
     assert "tensorboardX" in loaded and "torch" not in loaded
+
+
+def test_the_recipe_table_and_quantized_linears_need_no_protobuf():
+    """``mixrl_wire``'s generated modules load on first use: the recipe table, the samplers'
+    quantized linears and the GPU check's torch part run where protobuf / grpcio are older than
+    the generated code wants (or absent), while the wire itself still loads on demand."""
+    loaded = _loaded_after("import mixrl_wire.recipes, sampler_torch.recipes.linear")
+    assert "sampler_torch" in loaded and not loaded & {"grpc", "google"}, loaded & {"grpc", "google"}
+    assert "google" in _loaded_after("from mixrl_wire import TRAJECTORY_ARRAY_FIELDS")
