@@ -133,11 +133,14 @@ def sft_main(argv: list[str]) -> int:
     p.add_argument("--config", required=True)
     p.add_argument("--out", required=True, help="HF directory to write (must not exist)")
     p.add_argument("overrides", nargs="*", metavar="key=value")
-    args = p.parse_args(argv)
+    args = p.parse_intermixed_args(argv)
     try:
         cfg = load_config(args.config, args.overrides)
     except ConfigError as e:
         print(f"mixrl-train sft: {e}", file=sys.stderr)
+        return 2
+    if os.path.lexists(args.out):  # before the training, not after it
+        print(f"mixrl-train sft: --out {args.out} already exists; name a new directory", file=sys.stderr)
         return 2
     import numpy as np
 

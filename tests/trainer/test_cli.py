@@ -66,3 +66,10 @@ def test_a_config_the_machine_cannot_run_fails_before_the_run_dir_is_touched(tmp
         "shards (data 8 x fsdp 1 x expert 1 = 8)" in out.stdout, out.stdout[-2000:]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # nothing set aside
     assert [p.name for p in run_dir.iterdir()] == ["summary.json"]
+
+
+def test_sft_refuses_an_existing_out_dir_before_training(tmp_path):
+    out = subprocess.run([BIN / "mixrl-train", "sft", "--config", "configs/local_mixed.yaml", "--out",
+                          str(tmp_path)], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.returncode == 2 and "already exists" in out.stderr, out.stderr[-2000:]
+    assert "Traceback" not in out.stderr
