@@ -59,15 +59,17 @@ def check_layout(cfg: RunConfig, mesh: Mesh) -> None:
 
 
 def build_policy(cfg: RunConfig, vocab_size: int, special_ids: dict[str, int] | None = None,
-                 mesh: Mesh | None = None) -> tuple[Qwen3, Qwen3Config]:
+                 mesh: Mesh | None = None, *, load_weights: bool = True) -> tuple[Qwen3, Qwen3Config]:
     """The initial policy, created on ``mesh`` (default: one device) and never whole elsewhere:
-    an HF checkpoint if configured, else a tiny random Qwen3 (see ``model_config``)."""
+    an HF checkpoint if configured, else a tiny random Qwen3 (see ``model_config``), with the run's
+    compute dtype, attention and remat. ``load_weights=False``: random weights even with
+    ``model.hf_dir`` (its architecture only; the scale-out smoke check)."""
     mesh = mesh if mesh is not None else make_mesh(devices=jax.devices()[:1])
     qcfg = model_config(cfg, vocab_size, special_ids)
     rules = ShardingRules.for_model(qcfg, cfg.mesh.rules)
     dtype = DTYPES[cfg.model.dtype]
     attention = cfg.model.attention
-    if cfg.model.hf_dir:
+    if cfg.model.hf_dir and load_weights:
         model, qcfg = load_hf_sharded(cfg.model.hf_dir, mesh, rules, dtype=dtype,
                                       param_dtype=jnp.float32, attention_impl=attention)
     else:

@@ -28,6 +28,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh
 from rich.console import Console
 
 from convert.tokenizer import char_tokenizer, load_tokenizer, save_tokenizer_files, special_token_ids
@@ -81,8 +82,9 @@ def set_aside_previous_run(run_dir: Path) -> Path | None:
 
 class Trainer:
     def __init__(self, cfg: RunConfig, *, resume: bool = False, console: Console | None = None,
-                 lockstep: Lockstep | None = None):
+                 lockstep: Lockstep | None = None, mesh: Mesh | None = None):
         self.cfg = cfg
+        self.mesh = mesh if mesh is not None else make_mesh(cfg.mesh)
         self.console = console or Console(soft_wrap=True)  # one line per message, as cli.py's
         self.lockstep = lockstep or Lockstep()
         self.leader = self.lockstep.leader  # process 0: the service, samplers, files, metrics
@@ -111,7 +113,6 @@ class Trainer:
         self.tokenizer_dir = run / "tokenizer"
         if self.leader:
             save_tokenizer_files(self.tokenizer, self.tokenizer_dir)  # the source's files, unchanged
-        self.mesh = make_mesh(cfg.mesh)
         self.model, self.qcfg = build_policy(cfg, self.tokenizer.get_vocab_size(),
                                              special_token_ids(self.tokenizer), self.mesh)
         objective = cfg.objective.model_copy(update={"num_groups": max(1, len(cfg.groups))})
@@ -471,9 +472,10 @@ def train(cfg: RunConfig, *, resume: bool = False, console: Console | None = Non
     from trainer_jax.parallel.distributed import init_distributed
 
     init_distributed(cfg.distributed)  # before anything touches a device
-    check_layout(cfg, make_mesh(cfg.mesh))  # before the run directory is touched
+    mesh = make_mesh(cfg.mesh)
+    check_layout(cfg, mesh)  # before the run directory is touched
     lockstep = Lockstep(cfg.distributed.heartbeat_timeout_s)
-    trainer = Trainer(cfg, resume=resume, console=console, lockstep=lockstep)
+    trainer = Trainer(cfg, resume=resume, console=console, lockstep=lockstep, mesh=mesh)
     if lockstep.watch is not None and lockstep.leader:  # a lost peer: take the samplers down too
         lockstep.watch.on_lost.append(lambda _line: trainer.samplers.stop(grace_s=2.0))
     return trainer.run()

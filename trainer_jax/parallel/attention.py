@@ -17,6 +17,7 @@ device. Any other split leaves the heads whole inside the map (correct; the part
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import jax
@@ -40,10 +41,7 @@ def head_layout(ctx: ParallelContext, q_shape: tuple[int, ...], kv_shape: tuple[
     batch, q_heads, kv_heads = spec_axes(q_spec, 0), spec_axes(q_spec, 2), spec_axes(kv_spec, 2)
     batch_entry = batch or None
     group = q_shape[2] // kv_shape[2]
-    shards = 1
-    for axis in q_heads:
-        shards *= mesh.shape[axis]
-    per_device = q_shape[2] // shards
+    per_device = q_shape[2] // math.prod(mesh.shape[axis] for axis in q_heads)
     if q_heads == kv_heads or not q_heads:
         pick: tuple[str, ...] = ()
     elif not kv_heads and group % per_device == 0:

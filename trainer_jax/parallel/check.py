@@ -85,24 +85,17 @@ def run_check(cfg: RunConfig, *, steps: int = 3, load: bool = False, vocab_size:
     from trainer_jax.parallel import ShardingRules, make_mesh
     from trainer_jax.parallel.memory import compiled_memory, state_memory_report
     from trainer_jax.parallel.mesh import describe
-    from trainer_jax.parallel.sharding import init_sharded_model, load_hf_sharded
-    from trainer_jax.policy import DTYPES, check_layout, model_config
+    from trainer_jax.parallel.sharding import init_sharded_model
+    from trainer_jax.policy import DTYPES, build_policy, check_layout
 
     mesh = make_mesh(cfg.mesh)
     check_layout(cfg, mesh)
-    qcfg = model_config(cfg, vocab_size)
-    rules = ShardingRules.for_model(qcfg, cfg.mesh.rules)
-    dtype = DTYPES[cfg.model.dtype]
+    if load and not cfg.model.hf_dir:
+        raise ConfigError("--load needs model.hf_dir")
     t0 = time.perf_counter()
-    if load:
-        if not cfg.model.hf_dir:
-            raise ConfigError("--load needs model.hf_dir")
-        model, _ = load_hf_sharded(cfg.model.hf_dir, mesh, rules, dtype=dtype, param_dtype=jnp.float32,
-                                   attention_impl=cfg.model.attention)
-    else:
-        model = init_sharded_model(qcfg, mesh, rules, seed=cfg.model.seed, dtype=dtype,
-                                   param_dtype=jnp.float32, attention_impl=cfg.model.attention)
-    model.remat = cfg.train.remat  # the run's memory settings, so the figures are the run's
+    # The run's policy (dtype, attention, remat), random unless --load.
+    model, qcfg = build_policy(cfg, vocab_size, mesh=mesh, load_weights=load)
+    rules = ShardingRules.for_model(qcfg, cfg.mesh.rules)
     objective = cfg.objective.model_copy(update={"num_groups": max(1, len(cfg.groups))})
     learner = Learner(model, cfg.optimizer, objective, mesh, rules, micro_rows=cfg.train.micro_rows)
     init_s = time.perf_counter() - t0
@@ -141,7 +134,7 @@ def run_check(cfg: RunConfig, *, steps: int = 3, load: bool = False, vocab_size:
         if restore_mesh is not None:
             other_mesh = make_mesh(restore_mesh)
             other = Learner(init_sharded_model(qcfg, other_mesh, rules, seed=cfg.model.seed + 1,
-                                                      dtype=dtype, param_dtype=jnp.float32),
+                                               dtype=DTYPES[cfg.model.dtype], param_dtype=jnp.float32),
                                    cfg.optimizer, objective, other_mesh, rules)
             Checkpointer(checkpoint_dir).restore(other.model, other.optimizer)
             report["checkpoint"].update(restored_on=describe(other_mesh),
