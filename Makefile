@@ -1,11 +1,18 @@
 # Two entry points: `make demo` (the main job on the local default config) and `make test`.
-# Both create .venv on first use. torch is installed first and pinned so pip picks the CPU build
-# that lies on this machine instead of resolving a multi-GB CUDA wheel.
+# Both create .venv on first use. torch is installed first and pinned. Which build: PyPI's Linux
+# wheel of torch is the CUDA build (several GB of CUDA libraries), right for a GPU machine; on a
+# machine without `nvidia-smi` the CPU build comes from PyTorch's CPU index when that index answers,
+# else from pip's configured sources (where a local wheel directory may hold a +cpu build).
+# TORCH_INDEX=URL forces an index.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.mixrl-installed
 TORCH_VERSION ?= 2.13.0
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
+TORCH_INDEX ?= $(shell command -v nvidia-smi >/dev/null 2>&1 || \
+	$(PYTHON) -c "import urllib.request as u; u.urlopen('$(TORCH_CPU_INDEX)/', timeout=5)" \
+	>/dev/null 2>&1 && echo $(TORCH_CPU_INDEX))
 
 .PHONY: venv demo test lint bench clean
 
@@ -14,7 +21,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q torch==$(TORCH_VERSION)
+	$(PY) -m pip install -q torch==$(TORCH_VERSION) $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
