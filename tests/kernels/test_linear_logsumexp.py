@@ -326,12 +326,15 @@ def test_pallas_compiled_on_accelerator():
         _assert_rel(a, b, 1e-5, f"accelerator {name}")
 
 
-def test_auto_picks_the_portable_kernel_until_pallas_is_checked_on_a_platform():
-    """``objective.impl: auto`` (the default) resolves per platform; ``pallas`` only after the GPU
-    check has compared it with ``reference`` there, which no platform has had yet."""
+def test_auto_picks_the_portable_kernel_until_pallas_is_checked_on_a_platform(tmp_path, monkeypatch):
+    """``objective.impl: auto`` (the default) resolves per platform; ``pallas`` only where the
+    device check recorded a pass (``trainer_jax/kernels/checked.py``; tests/kernels/test_checked.py
+    feeds it passes). With an empty registry every platform gets ``xla``."""
+    from trainer_jax.kernels import checked
     from trainer_jax.kernels.linear_logsumexp.names import AUTO_IMPL, IMPL_NAMES, resolve_impl
 
+    monkeypatch.setenv(checked.ENV, str(tmp_path / "none.json"))
     assert {p: resolve_impl("auto", p) for p in ("cpu", "gpu", "tpu")} == {
         "cpu": "xla", "gpu": "xla", "tpu": "xla"}
-    assert set(AUTO_IMPL.values()) <= set(IMPL_NAMES)
+    assert set(AUTO_IMPL.values()) == {checked.FALLBACK["linear_logsumexp"]} <= set(IMPL_NAMES)
     assert resolve_impl("pallas", "cpu") == "pallas"  # a named kernel is taken as named

@@ -114,12 +114,29 @@ def test_splash_kernel_in_interpret_mode():
     _compare("splash", (1, 40, 4, 2, 8), 2e-5, interpret=True, block=128)
 
 
-def test_auto_choice_per_platform():
+def test_cudnn_call_honours_segments_through_its_mask():
+    """The cuDNN impl's mask and padding (odd T) through the same jax.nn call on XLA: cuDNN itself
+    needs a GPU (scripts/device_check.sh compares it there)."""
+    _compare("cudnn", (2, 45, 4, 2, 8), 2e-5, implementation="xla")
+
+
+def test_auto_choice_per_platform(tmp_path, monkeypatch):
+    """Without a passed device check every platform gets ``blocked``; with one, the kernel."""
+    from trainer_jax.kernels import checked
+
+    monkeypatch.setenv(checked.ENV, str(tmp_path / "checked.json"))  # an empty registry
     assert default_impl(256, "cpu") == "blocked"  # faster than the dense matrix on CPU at any T
     assert default_impl(32768, "cpu") == "blocked"
-    assert default_impl(4096, "gpu") == "pallas_gpu"
-    assert default_impl(4096, "tpu") == "splash"
-    assert set(IMPLS) == {"reference", "blocked", "pallas_gpu", "splash"}
+    h200 = checked.Where("gpu", "NVIDIA H200", "0.10")
+    assert default_impl(4096, "gpu") == "blocked"  # this process has no GPU: never checked
+    assert default_impl(4096, where=h200) == "blocked"
+    versions = {"jax": "0.10.2", "jaxlib": "0.10.2", "torch": "2.13.0"}
+    checked.record([checked.make_entry("attention:pallas_gpu", h200, passed=True, max_err=1e-3,
+                                       tolerance=2e-2, versions=versions)])
+    assert default_impl(4096, where=h200) == "pallas_gpu"
+    assert default_impl(4096, where=checked.Where("gpu", "NVIDIA H100", "0.10")) == "blocked"
+    assert default_impl(4096, where=checked.Where("gpu", "NVIDIA H200", "0.11")) == "blocked"
+    assert set(IMPLS) == {"reference", "blocked", "pallas_gpu", "splash", "cudnn"}
 
 
 def test_bad_arguments_are_rejected():

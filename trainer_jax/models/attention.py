@@ -20,8 +20,12 @@ Implementations (``IMPLS``; each tested against ``reference``):
   segment ids; K/V heads repeated to H.
 - ``splash``: TPU splash attention (``jax.experimental.pallas.ops.tpu.splash_attention``) with a
   causal mask and segment ids; native GQA.
+- ``cudnn``: cuDNN flash attention through ``jax.nn.dot_product_attention(implementation="cudnn")``
+  (``cudnn_attention.py``); segment ids as a boolean mask, native GQA.
 
-``impl=None`` or ``"auto"`` picks per platform (``default_impl``).
+``impl=None`` or ``"auto"`` picks per platform (``default_impl``): a fused kernel only where
+``scripts/device_check.sh`` compared it with ``reference`` on this device kind and JAX minor and it
+passed (``trainer_jax/kernels/checked.py``), else ``blocked``.
 """
 
 from __future__ import annotations
@@ -32,10 +36,12 @@ from typing import Literal
 import jax
 import jax.numpy as jnp
 
+from trainer_jax.kernels import checked
 from trainer_jax.models.blocked_attention import attention_blocked, visible
+from trainer_jax.models.cudnn_attention import attention_cudnn
 
 Array = jax.Array
-AttentionImpl = Literal["auto", "reference", "blocked", "pallas_gpu", "splash"]
+AttentionImpl = Literal["auto", "reference", "blocked", "pallas_gpu", "splash", "cudnn"]
 
 # Key/query block of the blocked form when ``auto`` picks it on CPU. Smaller blocks skip more of
 # the masked upper triangle; below ~64 the per-block loop overhead wins. On a 2-core x86 host the
@@ -45,22 +51,20 @@ AttentionImpl = Literal["auto", "reference", "blocked", "pallas_gpu", "splash"]
 CPU_BLOCK = 64
 
 
-def default_impl(seq_len: int, platform: str | None = None) -> str:
-    """The implementation ``auto`` resolves to for rows of ``seq_len`` on ``platform``.
+def default_impl(seq_len: int, platform: str | None = None, *,
+                 where: checked.Where | None = None) -> str:
+    """The implementation ``auto`` resolves to for rows of ``seq_len`` on ``platform``: the fused
+    kernel the device check passed on this device kind and JAX minor (the fastest, if several),
+    else ``blocked`` (``checked.choose``; ``where`` overrides the device it asks about).
 
     Every platform's choice is independent of ``seq_len`` today; the argument stays so that a
     length-dependent choice (a fused kernel with a minimum tile, say) needs no new signature.
     """
-    platform = platform or jax.default_backend()
-    if platform == "gpu" or platform == "cuda":
-        return "pallas_gpu"
-    if platform == "tpu":
-        return "splash"
-    return "blocked"
+    return checked.choose("attention", where or checked.here(platform))[0]
 
 
 # The platforms a fused kernel compiles for (the others run anywhere XLA does).
-KERNEL_PLATFORMS = {"pallas_gpu": ("gpu", "cuda"), "splash": ("tpu",)}
+KERNEL_PLATFORMS = {"pallas_gpu": ("gpu", "cuda"), "splash": ("tpu",), "cudnn": ("gpu", "cuda")}
 
 
 def check_platform(impl: str, platform: str | None = None) -> None:
@@ -154,6 +158,7 @@ IMPLS: dict[str, Callable[..., Array]] = {
     "blocked": attention_blocked,
     "pallas_gpu": attention_pallas_gpu,
     "splash": attention_splash,
+    "cudnn": attention_cudnn,
 }
 
 

@@ -20,18 +20,18 @@ AUTO = "auto"
 #: what ``ObjectiveConfig.impl`` accepts
 IMPL_CHOICES: tuple[str, ...] = (AUTO, *IMPL_NAMES)
 
-# What ``auto`` picks per JAX platform. ``pallas`` goes in here for a platform only once
-# ``scripts/device_check.sh`` has compared it with ``reference`` on that hardware; none has been
-# checked yet, so every platform gets the portable streaming ``xla`` kernel (docs/scale_out.md).
+# What ``auto`` picks per JAX platform when no fused kernel has passed ``scripts/device_check.sh``
+# there: the portable streaming ``xla`` kernel. ``pallas`` is picked only for a platform, device
+# kind and JAX minor version the check recorded a pass for (``trainer_jax/kernels/checked.py``).
+# (``checked.FALLBACK`` is the one that runs; this table documents it per platform.)
 AUTO_IMPL: dict[str, str] = {"cpu": "xla", "gpu": "xla", "tpu": "xla"}
 
 
 def resolve_impl(impl: str, platform: str | None = None) -> str:
-    """``impl`` itself, or for ``auto`` the implementation chosen for ``platform`` (default: JAX's)."""
+    """``impl`` itself, or for ``auto`` the implementation chosen for ``platform`` (default: JAX's):
+    ``pallas`` where the device check passed it on this device kind and JAX minor, else ``xla``."""
     if impl != AUTO:
         return impl
-    if platform is None:
-        import jax
+    from trainer_jax.kernels import checked
 
-        platform = jax.default_backend()
-    return AUTO_IMPL.get(platform, "xla")
+    return checked.choose("linear_logsumexp", checked.here(platform))[0]
