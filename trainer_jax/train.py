@@ -122,6 +122,11 @@ class Trainer:
         self.console.print(f"learner on mesh {describe(self.mesh)} ({self.mesh.size} devices, "
                            f"{jax.devices()[0].platform}, process {self.lockstep.index} of "
                            f"{self.lockstep.count})")
+        from trainer_jax.kernels.checked import describe_choice  # what auto picked, and why
+
+        for kind, configured in (("attention", cfg.model.attention),
+                                 ("linear_logsumexp", cfg.objective.impl)):
+            self.console.print(describe_choice(kind, configured))
         self.checkpointer = Checkpointer(
             run / "checkpoints", keep_last=cfg.train.keep_checkpoints,
             log=lambda line: self.console.print(f"[yellow]{line}[/yellow]"))

@@ -112,11 +112,16 @@ def run_check(cfg: RunConfig, *, steps: int = 3, load: bool = False, vocab_size:
         times.append(time.perf_counter() - t0)
         losses.append(result.loss)
         grad_norms.append(result.grad_norm)
+    from trainer_jax.kernels.checked import describe_choice
+
     report: dict[str, Any] = {
         "mesh": describe(mesh), "platform": jax.devices()[0].platform,
         "processes": info.process_count, "devices": info.device_count,
         "distributed": info.reason, "remat": cfg.train.remat, "micro_rows": cfg.train.micro_rows,
         "attention": cfg.model.attention,
+        # what auto picked here and why (trainer_jax/kernels/checked.py: the device check's record)
+        "kernels": [describe_choice(k, c) for k, c in (("attention", cfg.model.attention),
+                                                        ("linear_logsumexp", cfg.objective.impl))],
         "params": sum(x.size for x in jax.tree.leaves(nnx.state(learner.model, nnx.Param))),
         "memory": state_memory_report(learner.model, learner.optimizer), "xla_memory": xla,
         "init_s": round(init_s, 3), "compile_s": round(compile_s, 3),
