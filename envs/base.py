@@ -18,8 +18,36 @@ from tokenizers import Tokenizer
 
 from convert.tokenizer import special_token_ids
 
-# Why an episode ended; the diagnostics report the share of each.
-TERMINATIONS = ("answered", "submitted", "turn_limit", "toolless_stop", "empty_reply", "length")
+# Why an episode ended; the diagnostics report the share of each. ``error``: the environment
+# raised (an exception is an episode's end with reward 0, never a dead sampler).
+TERMINATIONS = ("answered", "submitted", "turn_limit", "toolless_stop", "empty_reply", "length", "error")
+# The wire's finish_reason carries the termination and the episode's counted errors (the trainer
+# validates it as printable and at most this long): "turn_limit" or "turn_limit;nul_command=2,exception".
+FINISH_REASON_CHARS = 64
+
+
+def finish_reason(termination: str, errors: dict[str, int] | None = None) -> str:
+    """``termination`` with the episode's error counts appended, within ``FINISH_REASON_CHARS``
+    (the most frequent reasons first; those that do not fit are dropped, never the termination)."""
+    text = termination
+    for i, (reason, n) in enumerate(sorted((errors or {}).items(), key=lambda kv: (-kv[1], kv[0]))):
+        item = ("," if i else ";") + (reason if n == 1 else f"{reason}={n}")
+        if len(text) + len(item) > FINISH_REASON_CHARS:
+            break
+        text += item
+    return text
+
+
+def split_finish_reason(text: str) -> tuple[str, dict[str, int]]:
+    """``(termination, {reason: count})`` of a finish_reason written by ``finish_reason``;
+    anything malformed in the error part is ignored (it came over the wire)."""
+    termination, _, rest = text.partition(";")
+    errors: dict[str, int] = {}
+    for item in filter(None, rest.split(",")):
+        reason, _, n = item.partition("=")
+        if reason and (not n or n.isdigit()):
+            errors[reason] = errors.get(reason, 0) + (int(n) if n else 1)
+    return termination, errors
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,6 +81,17 @@ class Episode(abc.ABC):
 
     def close(self) -> None:  # noqa: B027  (optional hook: most episodes hold nothing)
         """Release resources (sandbox directories); idempotent."""
+
+    def note_error(self, reason: str) -> None:
+        """Count a problem the model's output caused (a refused command, an unsafe file): the
+        episode goes on or ends normally; the trainer reports ``env/<entry>/errors/<reason>``."""
+        errors = self.__dict__.setdefault("_errors", {})
+        errors[reason] = errors.get(reason, 0) + 1
+
+    @property
+    def errors(self) -> dict[str, int]:
+        """The counts ``note_error`` kept, by reason."""
+        return dict(self.__dict__.get("_errors", {}))
 
     def __enter__(self) -> Episode:
         return self

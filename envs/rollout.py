@@ -10,11 +10,18 @@ per-policy-token records the trainer's objective needs, in the layout of the wir
 from __future__ import annotations
 
 import dataclasses
+import logging
+import math
 from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from envs.base import Episode
+
+log = logging.getLogger("mixrl.envs")
+# Exception types already logged with their traceback: a model that trips the same bug every
+# episode must not flood the sampler's log (each one is still counted).
+_LOGGED: set[str] = set()
 
 
 @dataclasses.dataclass
@@ -32,6 +39,7 @@ class EpisodeRecord:
     reward: float
     termination: str
     turns: int
+    errors: dict[str, int] = dataclasses.field(default_factory=dict)  # Episode.note_error counts
 
     @property
     def prompt_len(self) -> int:
@@ -83,7 +91,7 @@ class _Builder:
             support_ids=np.asarray(self.support_ids, np.int32),
             support_logprobs=np.asarray(self.support_logprobs, np.float32),
             versions=np.asarray(self.versions, np.int32), reward=self.reward,
-            termination=self.termination, turns=self.turns)
+            termination=self.termination, turns=self.turns, errors=self.episode.errors)
 
 
 def run_episodes(generate: Callable, episodes: Sequence[Episode], params, *,
@@ -125,12 +133,32 @@ def run_episodes(generate: Callable, episodes: Sequence[Episode], params, *,
 def _finish_turn(b: _Builder, completion, max_total_tokens: int) -> None:
     b.add_turn(completion)
     b.turns += 1
-    result = b.episode.step(list(completion.token_ids))
+    try:
+        result = b.episode.step(list(completion.token_ids))
+        reward, observation = float(result.reward), [int(t) for t in result.observation]
+    except Exception as e:  # noqa: BLE001 - no model output may end the sampler: end the episode
+        _log_once(e)
+        b.episode.note_error("exception")
+        b.done, b.reward, b.termination = True, 0.0, "error"
+        return
+    if not math.isfinite(reward):
+        b.episode.note_error("bad_reward")
+        reward = 0.0
     if result.done:
-        b.done, b.reward, b.termination = True, result.reward, result.termination
-    elif len(b.tokens) + len(result.observation) >= max_total_tokens:
+        b.done, b.reward, b.termination = True, reward, result.termination
+    elif len(b.tokens) + len(observation) >= max_total_tokens:
         # No room for another turn: end here, without an observation no policy token follows,
         # so the record never exceeds the budget.
         b.done, b.termination = True, "length"
     else:
-        b.add_observation(result.observation)
+        b.add_observation(observation)
+
+
+def _log_once(e: Exception) -> None:
+    name = type(e).__qualname__
+    if name in _LOGGED:
+        log.debug("episode ended by %s: %s (counted as env errors/exception)", name, e)
+        return
+    _LOGGED.add(name)
+    log.error("episode ended by %s, reward 0 (counted as env errors/exception; logged once per "
+              "type)", name, exc_info=e)

@@ -18,13 +18,17 @@ the hidden check passes), at the turn limit, or after three consecutive turns wi
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from convert.tokenizer import TOOL_TAGS
 from envs.base import Environment, Episode, StepResult, Task, register_env
 from envs.chat import Chat
+from envs.jail_files import JailFileError, read_jail_text
 from envs.sandbox import Sandbox, SandboxLimits
 from envs.tool_calls import ChatToolEpisode
+from envs.untrusted import escape_added_tokens, run_untrusted
 
 TOOL_OPEN, TOOL_CLOSE, OUT_OPEN, OUT_CLOSE, SUBMIT_OPEN, SUBMIT_CLOSE = TOOL_TAGS
 MAX_TOOLLESS_TURNS = 3
@@ -46,21 +50,16 @@ class ToolEpisode(Episode):
         self.sandbox.close()
 
     def run_tool(self, command: str) -> list[int]:
-        result = self.sandbox.run(command)
-        text = result.output
-        if result.timed_out:
-            text += "[timed out]"
-        elif result.output_truncated:
-            text += "[output truncated]"
-        return self.env.observation(text, self.task.payload.get("max_observation_chars"))
+        output, marker = run_untrusted(self.sandbox, command, self.note_error)
+        return self.env.observation(output + marker, self.task.payload.get("max_observation_chars"),
+                                    note_error=self.note_error)
 
     def step(self, generated: list[int]) -> StepResult:
         self.turns += 1
         text = self.env.decode(generated)
         submitted = _tagged(text, SUBMIT_OPEN, SUBMIT_CLOSE)
         if submitted is not None:
-            reward = float(self.env.check(self.task, submitted, self.sandbox))
-            return StepResult([], reward, True, "submitted")
+            return StepResult([], self.env.grade(self, submitted), True, "submitted")
         command = _tagged(text, TOOL_OPEN, TOOL_CLOSE)
         if command is not None:
             self.toolless = 0
@@ -141,20 +140,36 @@ class ShellTasks(Environment):
             return ChatToolEpisode(self, task, self.chat)
         return ToolEpisode(self, task)
 
-    def observation(self, output: str, max_chars: int | None = None) -> list[int]:
-        # Tag strings in command output must not become control tokens.
-        for tag in TOOL_TAGS:
-            output = output.replace(tag, "")
+    def observation(self, output: str, max_chars: int | None = None, *,
+                    note_error: Callable[[str], None] | None = None) -> list[int]:
+        # Tag strings (any added token) in command output must not become control tokens.
+        output, escaped = escape_added_tokens(self.tokenizer, output)
+        if escaped and note_error is not None:
+            note_error("special_tokens")
         output = output[: max_chars or self.max_observation_chars]
         return ([self.tokenizer.token_to_id(OUT_OPEN)] + self.encode(output)
                 + [self.tokenizer.token_to_id(OUT_CLOSE)] + self.encode("\n"))
+
+    def grade(self, episode: Episode, submitted: str) -> float:
+        """``check``'s verdict as a reward; a file the harness refuses to read (a symlink, a FIFO,
+        too large: ``envs.jail_files``) scores 0 and is counted under its reason."""
+        try:
+            return float(self.check(episode.task, submitted, episode.sandbox))
+        except JailFileError as e:
+            episode.note_error(e.reason)
+            return 0.0
 
     def check(self, task: Task, submitted: str, sandbox: Sandbox) -> bool:
         check = task.payload["check"]
         if check["kind"] == "answer":
             return submitted.strip() == check["value"]
-        path = sandbox.workdir / check["path"]
-        return path.is_file() and path.read_text().strip() == check["value"]
+        # The model made the file: read it by descriptor, never following a link (envs.jail_files).
+        try:
+            return read_jail_text(sandbox.workdir, check["path"]).strip() == check["value"]
+        except JailFileError as e:
+            if e.reason == "file_missing":
+                return False
+            raise
 
     def demonstration(self, task: Task) -> tuple[list[int], list[int]]:
         """Call the solution command for real, then submit what the check expects."""

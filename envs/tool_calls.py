@@ -19,6 +19,7 @@ import numpy as np
 from envs.base import Episode, StepResult, Task
 from envs.chat import Chat
 from envs.sandbox import Sandbox
+from envs.untrusted import escape_added_tokens, run_untrusted
 
 if TYPE_CHECKING:
     from envs.tool import ShellTasks
@@ -46,7 +47,7 @@ def parse_tool_calls(text: str) -> tuple[list[dict[str, Any]], int]:
     for body in _CALL.findall(text):
         try:
             call = json.loads(body)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):  # "[[[[..." nests past the parser's stack
             malformed += 1
             continue
         args = call.get("arguments") if isinstance(call, dict) else None
@@ -94,8 +95,7 @@ class ChatToolEpisode(Episode):
         for call in calls:
             if call["name"] == "submit":
                 answer = str(call["arguments"].get("answer", ""))
-                reward = float(self.env.check(self.task, answer, self.sandbox))
-                return StepResult([], reward, True, "submitted")
+                return StepResult([], self.env.grade(self, answer), True, "submitted")
         if calls:
             self.toolless = 0
             results = [{"role": "tool", "content": self._run(str(c["arguments"].get("command", "")))}
@@ -114,10 +114,13 @@ class ChatToolEpisode(Episode):
         return StepResult(self._next(results), 0.0, False)
 
     def _run(self, command: str) -> str:
-        result = self.sandbox.run(command)
-        text = result.output[: int(self.task.payload.get("max_observation_chars", 512))]
-        return text + ("[timed out]" if result.timed_out else "[output truncated]" if result.output_truncated
-                       else "")
+        output, marker = run_untrusted(self.sandbox, command, self.note_error)
+        # The template renders this text and the whole turn is encoded: an added token in it
+        # (``<|im_end|>``, ``</tool_response>``) would reach the model as that token.
+        output, escaped = escape_added_tokens(self.chat.tokenizer, output)
+        if escaped:
+            self.note_error("special_tokens")
+        return output[: int(self.task.payload.get("max_observation_chars", 512))] + marker
 
     def demonstration(self) -> tuple[list[int], list[int]]:
         """The solution command called for real, then the expected answer submitted."""

@@ -31,6 +31,7 @@ import grpc
 
 from envs import ENVIRONMENTS, make_env
 from envs import Task as EnvTask
+from envs.base import finish_reason
 from envs.rollout import run_episodes
 from mixrl_wire import pb
 from mixrl_wire.encoder import encode_trajectory
@@ -219,7 +220,7 @@ class SamplerLoop:
                                     seeds=seeds)
             finally:
                 for _, ep in group:
-                    ep.close()
+                    _close(ep)
             for (k, _), rec in zip(group, recs, strict=True):
                 out[k] = _from_episode(rec, len(items[k][0].prompt_ids), items[k][0].sampling)
         return out  # type: ignore[return-value]
@@ -236,9 +237,18 @@ class SamplerLoop:
             # The trainer scores against its own prompt; an episode on another one would be wrong.
             log.warning("task %d: environment prompt differs from the task's; generating from the prompt",
                         task.task_id)
-            episode.close()
+            _close(episode)
             return None
         return episode
+
+
+def _close(episode) -> None:
+    """Close an episode; a failure to clean up (a sandbox the model left in a state the harness
+    cannot remove) is logged, never the end of the sampler."""
+    try:
+        episode.close()
+    except Exception as e:  # noqa: BLE001
+        log.error("closing an episode failed: %s: %s", type(e).__name__, e)
 
 
 def _params_key(s: pb.SamplingParams) -> tuple:
@@ -273,7 +283,7 @@ def _from_episode(rec, prompt_len: int, sampling: pb.SamplingParams) -> dict:
                logprobs=rec.logprobs, logprobs_full=rec.logprobs_full, versions=rec.versions,
                head_ids=rec.head_ids.reshape(p, sampling.head_k),
                head_logprobs=rec.head_logprobs.reshape(p, sampling.head_k),
-               reward=rec.reward, finish_reason=rec.termination)
+               reward=rec.reward, finish_reason=finish_reason(rec.termination, rec.errors))
     if len(rec.support_ids):
         rows = [rec.support_ids[rec.support_indptr[t]:rec.support_indptr[t + 1]] for t in range(p)]
         lps = [rec.support_logprobs[rec.support_indptr[t]:rec.support_indptr[t + 1]] for t in range(p)]

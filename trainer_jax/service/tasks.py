@@ -20,6 +20,7 @@ import numpy as np
 
 from convert.tokenizer import char_tokenizer, source_dir
 from envs import Environment, Task, make_env
+from envs.base import split_finish_reason
 from envs.rewards import RewardResult
 from envs.tool_calls import turn_stats
 from mixrl_wire.sampling import SamplingParams
@@ -167,6 +168,7 @@ class EnvTaskSource:
         the shares of turns with a malformed call, an empty reply or no tool call (per group and
         overall, ``tool/*``)."""
         values = self.rewards.metrics([t for g in groups for t in g.trajectories])
+        values.update(env_error_metrics(groups))
         stats: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
         for g in groups:
             env = g.task.private[1] if isinstance(g.task.private, tuple) else None
@@ -226,6 +228,18 @@ class RewardLedger:
         values["reward_timeouts"] = float(sum(r.timed_out for _, r in found))
         values.update({f"reward/{k}": float(np.mean(v)) for k, v in sums.items()})
         return values
+
+
+def env_error_metrics(groups) -> dict[str, float]:
+    """``env/<entry>/errors/<reason>``: how many of a step's samples each environment counted
+    under each reason (a refused command, an unsafe file, an exception that ended the episode),
+    read from the samples' finish_reason (``envs.base.finish_reason``)."""
+    values: dict[str, float] = collections.defaultdict(float)
+    for g in groups:
+        for t in g.trajectories:
+            for reason, n in split_finish_reason(getattr(t, "finish_reason", "") or "")[1].items():
+                values[f"env/{g.task.env}/errors/{reason}"] += n
+    return dict(values)
 
 
 def _is_error(r: RewardResult) -> bool:
