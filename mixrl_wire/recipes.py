@@ -23,11 +23,12 @@ name             weight fmt    activations (per matmul)                         
 ===============  ============  ======================================================  ========
 
 Every recipe can be varied with ``get_recipe(name, kv_cache_dtype=..., attention=...,
-compute_dtype=...)``: KV ``auto`` stores keys/values in the compute dtype, ``bf16``,
-``fp8_e4m3`` and ``fp8_e5m2`` store them in that dtype (fp8 with the export's per-layer
-``k_scale``/``v_scale``, else 1.0). ``compute_dtype="float32"`` is the "fp32 mode" used to tie
-the sampler to the fp32 trainer: quantized values stay exactly what the export holds, only the
-arithmetic around them is float32.
+compute_dtype=...)``: attention ``auto`` (the default) is chosen per device by
+``resolve_attention`` (eager on the CPU, sdpa on CUDA); KV ``auto`` stores keys/values in the
+compute dtype, ``bf16``, ``fp8_e4m3`` and ``fp8_e5m2`` store them in that dtype (fp8 with the
+export's per-layer ``k_scale``/``v_scale``, else 1.0). ``compute_dtype="float32"`` is the
+"fp32 mode" used to tie the sampler to the fp32 trainer: quantized values stay exactly what the
+export holds, only the arithmetic around them is float32.
 
 ``logit_noise=sigma`` is the *mismatch dial*, a control for experiments rather than a precision:
 the engine adds ``sigma * eps`` to the raw logits (before temperature) of every sampled token,
@@ -49,7 +50,8 @@ WEIGHT_FORMATS = ("bf16", "fp8_block", "nvfp4", "mxfp4", "w8a8_int8")
 BACKENDS = {"engine": "mixrl-engine", "sglang": "sglang", "vllm": "vllm"}
 ACTIVATIONS = ("none", "fp8_g128", "nvfp4", "int8_token")
 KV_CACHE_DTYPES = ("auto", "bf16", "float32", "fp8_e4m3", "fp8_e5m2")
-ATTENTION_IMPLS = ("sdpa", "eager")
+#: ``auto`` picks per device (``resolve_attention``): what the engine measured fastest there.
+ATTENTION_IMPLS = ("auto", "sdpa", "eager")
 COMPUTE_DTYPES = ("bfloat16", "float32")
 #: how the quantized matmuls run: the hardware-style kernel where torch has one on this device
 #: (``torch._scaled_mm`` for fp8, ``torch._int_mm`` for int8), or an exact float emulation
@@ -75,7 +77,7 @@ class Recipe:
     weight_format: str
     activations: str = "none"
     kv_cache_dtype: str = "auto"
-    attention: str = "sdpa"
+    attention: str = "auto"
     compute_dtype: str = "bfloat16"
     kernel: str = "auto"
     logit_noise: float = 0.0  # sigma of the Gaussian logit perturbation (the mismatch dial)
@@ -111,6 +113,20 @@ class Recipe:
     def describe(self) -> dict[str, str | float]:
         """The recipe as the trajectory metadata records it."""
         return dataclasses.asdict(self) | {"kv_cache_dtype": self.kv_dtype_name}
+
+
+def resolve_attention(attention: str, device_type: str) -> str:
+    """The attention implementation ``attention`` means on a ``device_type`` ("cpu", "cuda").
+
+    ``sdpa`` and ``eager`` mean what they say everywhere; ``auto`` is ``eager`` on the CPU (the
+    explicit float32 softmax beats torch's CPU SDPA kernels on decode-sized queries: 1.3-1.8x in
+    ``benchmarks/bench_sampler.py``) and ``sdpa`` elsewhere (flash / memory-efficient kernels).
+    """
+    if attention not in ATTENTION_IMPLS:
+        raise RecipeError(f"attention={attention!r}, expected one of {', '.join(ATTENTION_IMPLS)}")
+    if attention != "auto":
+        return attention
+    return "eager" if device_type == "cpu" else "sdpa"
 
 
 RECIPES: dict[str, Recipe] = {}

@@ -51,6 +51,7 @@ from sampler_torch.recipes import (
     load_model,
     make_kv_cache,
 )
+from sampler_torch.recipes.linear import matmul_kernel
 
 
 @dataclasses.dataclass
@@ -77,6 +78,8 @@ class GenerateStats:
     retirements: list[tuple[int, int]] = dataclasses.field(default_factory=list)
     #: (step, version) for every weight swap applied during the call
     swaps: list[tuple[int, int]] = dataclasses.field(default_factory=list)
+    #: whether decode steps ran through the compiled static-shape step (``Engine(compile=...)``)
+    compiled_decode: bool = False
 
 
 class Engine:
@@ -88,18 +91,29 @@ class Engine:
     (``kv_cache_dtype="fp8_e4m3"``, ``compute_dtype="float32"``, ``attention="eager"``, ...).
     ``compile=True`` runs decode steps through the static-shape ``torch.compile``d step
     (``EngineForward.decode_step``) where the model and cache allow it: a one-off compile per
-    (batch, cache length bucket), then far less per-token overhead.
+    (batch, cache length bucket), then far less per-token overhead. ``compile="auto"`` (the
+    default, what ``mixrl-sample`` runs) compiles on CUDA and not on the CPU, where the eager step
+    measured faster (``benchmarks/bench_sampler.py``).
+
+    ``device``: where the model, its KV cache, the recipe's scales and the sampling step live
+    (``"cpu"``, ``"cuda"``, ``"cuda:1"``); ``sampler_torch.device.local_device`` resolves
+    ``mixrl-sample --device auto``. Records leave the device once per step, as lists.
     """
 
     def __init__(self, model_dir: str | os.PathLike, recipe: str | Recipe = "bf16", *,
                  max_batch: int = 32, version: int = 0, device: str | torch.device = "cpu",
-                 require_manifest: bool = False, compile: bool = False, **recipe_overrides):
+                 require_manifest: bool = False, compile: bool | str = "auto",
+                 **recipe_overrides):
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        if compile not in (True, False, "auto"):
+            raise ValueError(f"compile must be True, False or 'auto', got {compile!r}")
         self.recipe = get_recipe(recipe, **recipe_overrides)
         self.device = torch.device(device)
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
         self.max_batch = max_batch
-        self.compile = compile
+        self.compile = self.device.type == "cuda" if compile == "auto" else bool(compile)
         loaded = load_model(model_dir, self.recipe, device=self.device,
                             require_manifest=require_manifest)
         self._loaded: LoadedModel = loaded
@@ -125,6 +139,17 @@ class Engine:
     @property
     def config(self):
         return self._loaded.config
+
+    @property
+    def attention(self) -> str:
+        """``sdpa`` or ``eager``: the recipe's attention with ``auto`` resolved for the device."""
+        return self._forward.attention
+
+    @property
+    def matmul_kernel(self) -> str:
+        """``native`` or ``emulate``: how the recipe's projections multiply on this device
+        (``sampler_torch.recipes.linear.matmul_kernel``, the probe the modules were built by)."""
+        return matmul_kernel(self.recipe, self.device)
 
     @property
     def version(self) -> int:
@@ -175,7 +200,7 @@ class Engine:
         for seq in sequences:
             ids = torch.tensor([list(seq)], dtype=torch.long, device=self.device)
             cache = make_kv_cache(self.config, 1, len(seq), kv_torch_dtype(self.recipe),
-                                  loaded.k_scales, loaded.v_scales)
+                                  loaded.k_scales, loaded.v_scales, device=self.device)
             slots = torch.zeros(1, dtype=torch.long, device=self.device)
             out.append(fwd.logits(fwd.hidden(ids, cache=cache, slots=slots))[0].cpu())
         return out
@@ -234,12 +259,13 @@ class Engine:
             max_len = -(-max_len // 64) * 64  # length buckets: few compiled graphs
         loaded = self._loaded
         cache = make_kv_cache(cfg, n_slots, max_len, kv_torch_dtype(self.recipe),
-                              loaded.k_scales, loaded.v_scales)
+                              loaded.k_scales, loaded.v_scales, device=dev)
         static = self.compile and self._forward.can_compile(cache)
-        # Per-slot sampling state, indexed by slot.
-        temp = torch.ones(n_slots)  # idle slots sample too on the compiled path: keep T > 0
-        top_p = torch.ones(n_slots, dtype=torch.float64)
-        top_k = torch.zeros(n_slots, dtype=torch.long)
+        stats.compiled_decode = static
+        # Per-slot sampling state, indexed by slot, on the device (the sampling step runs there).
+        temp = torch.ones(n_slots, device=dev)  # idle slots sample too on the compiled path: T > 0
+        top_p = torch.ones(n_slots, dtype=torch.float64, device=dev)
+        top_k = torch.zeros(n_slots, dtype=torch.long, device=dev)
         seeds = np.zeros(n_slots, np.uint64)
         length = [0] * n_slots                  # tokens of the slot's sequence in the cache
         next_token = [0] * n_slots              # the token to feed at the next decode
@@ -307,16 +333,16 @@ class Engine:
                 # (idle slots draw too, from u = 0, and are dropped).
                 u = torch.zeros(n_slots, dtype=torch.float64)
                 u[slot_order] = torch.from_numpy(u_rows)
-                rec = sample_untruncated_compiled(logits_all.float().cpu(), temp, u, head_k)
+                rec = sample_untruncated_compiled(logits_all.float(), temp, u.to(dev), head_k)
                 self._record(rec, slot_order, running, version, rows=slot_order)
             else:
                 if decode_rows is not None:
                     logits_parts.append(logits_all[torch.tensor(decode_rows, device=dev)])
-                logits = torch.cat(logits_parts).float().cpu()
+                logits = torch.cat(logits_parts).float()
                 logits = perturb_logits(logits, noise, seeds[slot_order], counts)  # the dial
-                order = torch.tensor(slot_order)
+                order = torch.tensor(slot_order, device=dev)
                 rec = sample_step(logits, temp[order], top_p[order], top_k[order], head_k,
-                                  torch.from_numpy(u_rows))
+                                  torch.from_numpy(u_rows).to(dev))
                 self._record(rec, slot_order, running, version)
             # -- retire (decode rows in slot order: a contiguous run reads the cache as a view)
             decoding = []
@@ -343,9 +369,10 @@ class Engine:
     @staticmethod
     def _record(rec, slot_order: list[int], running: dict[int, _Request], version: int,
                 rows: list[int] | None = None) -> None:
-        """Append step records; ``rows[i]`` is the record row of ``slot_order[i]`` (default i)."""
+        """Append step records; ``rows[i]`` is the record row of ``slot_order[i]`` (default i).
+        The one place records leave the device (``tolist``)."""
         if rows is not None and rows != list(range(rec.tokens.shape[0])):
-            index = torch.tensor(rows)
+            index = torch.tensor(rows, device=rec.tokens.device)
             rec = dataclasses.replace(rec, tokens=rec.tokens[index], logprob=rec.logprob[index],
                                       logprob_full=rec.logprob_full[index],
                                       head_ids=rec.head_ids[index],

@@ -14,7 +14,9 @@ model's own ``forward``, arranged for decode throughput.
 - RoPE tables and the attention mask are built once per forward, not once per layer; KV-cache
   reads of a contiguous run of slots are views, not gathers.
 
-- ``decode_step`` (opt-in, ``Engine(compile=True)``): one decode token for every KV-cache slot
+- ``decode_step`` (``Engine(compile=...)``; ``auto``, the default, uses it on CUDA, where one
+  compiled graph per step replaces hundreds of kernel launches, and not on the CPU, where the
+  eager step measured faster in ``benchmarks/bench_sampler.py``): one decode token for every KV-cache slot
   with static shapes -- all slots, attention over the whole cache length under the position
   mask -- compiled once with ``torch.compile`` (weights and cache are graph inputs, so a reload
   of same-shaped weights reuses the compiled graph). Available for dense models whose projections
@@ -33,7 +35,7 @@ from torch import nn
 
 from sampler_torch.models import KVCache, Qwen3ForCausalLM
 from sampler_torch.models.qwen3 import MLP, rope_cos_sin
-from sampler_torch.recipes import Recipe, torch_dtype
+from sampler_torch.recipes import Recipe, resolve_attention, torch_dtype
 from sampler_torch.recipes.kv_cache import ScaledFP8KVCache
 
 
@@ -158,7 +160,8 @@ class EngineForward:
         self.eps = cfg.rms_norm_eps
         self.heads, self.kv_heads, self.head_dim = (cfg.num_attention_heads,
                                                     cfg.num_key_value_heads, cfg.head_dim)
-        self.attention = recipe.attention
+        #: ``sdpa`` or ``eager``: the recipe's choice, ``auto`` resolved for this device
+        self.attention = resolve_attention(recipe.attention, device.type)
         self.layers = []
         for layer in model.model.layers:
             attn = layer.self_attn

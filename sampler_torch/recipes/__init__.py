@@ -12,9 +12,10 @@ from sampler_torch.recipes.registry import (
     get_recipe,
     kv_torch_dtype,
     register_recipe,
+    resolve_attention,
     torch_dtype,
 )
 
 __all__ = ["RECIPES", "LoadedModel", "Recipe", "RecipeError", "ScaledFP8KVCache", "WeightLoadError",
            "get_recipe", "kv_torch_dtype", "load_model", "make_kv_cache", "register_recipe",
-           "torch_dtype", "verify_export"]
+           "resolve_attention", "torch_dtype", "verify_export"]

@@ -52,9 +52,11 @@ class ScaledFP8KVCache(KVCache):
 
 def make_kv_cache(cfg, slots: int, max_len: int, dtype: torch.dtype,
                   k_scales: Sequence[float] | None = None,
-                  v_scales: Sequence[float] | None = None) -> KVCache:
-    """A cache for ``slots`` sequences of up to ``max_len`` tokens, stored as ``dtype``."""
+                  v_scales: Sequence[float] | None = None, *,
+                  device: torch.device | str = "cpu") -> KVCache:
+    """A cache for ``slots`` sequences of up to ``max_len`` tokens, stored as ``dtype`` on
+    ``device`` (the engine's: a cache elsewhere would copy every layer's keys each step)."""
     if dtype in _FP8_MAX:
         return ScaledFP8KVCache.for_model(cfg, slots, max_len, dtype=dtype, k_scales=k_scales,
-                                          v_scales=v_scales)
-    return KVCache.for_model(cfg, slots, max_len, dtype=dtype)
+                                          v_scales=v_scales, device=device)
+    return KVCache.for_model(cfg, slots, max_len, dtype=dtype, device=device)

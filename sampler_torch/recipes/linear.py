@@ -88,24 +88,49 @@ class DequantLinear(QuantLinear):
         return super().extra_repr() + f", format={self.fmt}, activations=none"
 
 
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def _padded(x: torch.Tensor, rows: int, cols: int, fill: float = 0.0) -> torch.Tensor:
+    """``x [r, c]`` in the top-left corner of a ``[rows, cols]`` tensor of ``fill`` (padding
+    through float32, so fp8 / int8 codes come back exactly)."""
+    if tuple(x.shape) == (rows, cols):
+        return x
+    out = torch.full((rows, cols), fill, dtype=torch.float32, device=x.device)
+    out[: x.shape[0], : x.shape[1]] = x.float()
+    return out.to(x.dtype)
+
+
 class FP8BlockLinear(QuantLinear):
-    def __init__(self, parts: Mapping[str, np.ndarray], native: bool):
+    """``pad``: CUDA's ``_scaled_mm`` takes only dimensions that are multiples of 16, so the
+    weight groups are zero-padded to them at load and each call pads its activations (zero rows
+    and columns add exact zeros; the padding is sliced off the output)."""
+
+    def __init__(self, parts: Mapping[str, np.ndarray], native: bool, pad: bool = False):
         q = to_torch(np.asarray(parts["weight"]))
         scale_inv = torch.from_numpy(np.asarray(parts["weight_scale_inv"], np.float32).copy())
         super().__init__(q.shape[1], q.shape[0])
         self.native = native
+        self.pad = 16 if pad else 1
         if native:
             # Per input group g: the e4m3 weight columns (contiguous, so ``.t()`` is the
             # column-major operand _scaled_mm wants) and one float32 scale per output row.
             n_groups = scale_inv.shape[1]
             row_scales = scale_inv.repeat_interleave(FP8_BLOCK, dim=0)[: self.out_features]
+            n_out = _round_up(self.out_features, self.pad)
             for g in range(n_groups):
-                cols = slice(g * FP8_BLOCK, min(self.in_features, (g + 1) * FP8_BLOCK))
-                self.register_buffer(f"weight_g{g}", q[:, cols].contiguous())
-                self.register_buffer(f"scale_g{g}", row_scales[:, g].contiguous().view(1, -1))
+                cols = self._group(g)
+                w = _padded(q[:, cols], n_out, _round_up(cols.stop - cols.start, self.pad))
+                self.register_buffer(f"weight_g{g}", w.contiguous())
+                self.register_buffer(f"scale_g{g}", _padded(row_scales[:, g].contiguous().view(1, -1),
+                                                            1, n_out, 1.0).contiguous())
             self.n_groups = n_groups
         else:
             self.register_buffer("weight", _dequantized("fp8_block", parts))
+
+    def _group(self, g: int) -> slice:
+        return slice(g * FP8_BLOCK, min(self.in_features, (g + 1) * FP8_BLOCK))
 
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
         if not self.native:
@@ -114,15 +139,19 @@ class FP8BlockLinear(QuantLinear):
         if out_dtype is None:
             raise RuntimeError(f"torch runs no fp8 _scaled_mm with row-wise scales on {x.device}; "
                                "use the recipe's kernel: emulate")
-        q, s = quantize_fp8_groups(x.float(), FP8_BLOCK)
+        m = x.shape[0]
+        # Zero columns up to a multiple of 16 change no group's maximum (nor the group count).
+        xp = _padded(x.float(), _round_up(m, self.pad), _round_up(self.in_features, self.pad))
+        q, s = quantize_fp8_groups(xp, FP8_BLOCK)
         out = None
         for g in range(self.n_groups):
-            cols = slice(g * FP8_BLOCK, min(self.in_features, (g + 1) * FP8_BLOCK))
+            start = g * FP8_BLOCK
+            cols = slice(start, start + getattr(self, f"weight_g{g}").shape[1])
             part = torch._scaled_mm(q[:, cols].contiguous(), getattr(self, f"weight_g{g}").t(),
                                     scale_a=s[:, g:g + 1].contiguous(),
                                     scale_b=getattr(self, f"scale_g{g}"), out_dtype=out_dtype).float()
             out = part if out is None else out + part
-        return out
+        return out[:m, : self.out_features]
 
     def extra_repr(self) -> str:
         return (super().extra_repr() + ", format=fp8_block, activations=fp8_g128, kernel="
@@ -146,26 +175,48 @@ class NVFP4Linear(QuantLinear):
 
 
 class Int8Linear(QuantLinear):
-    def __init__(self, parts: Mapping[str, np.ndarray], native: bool):
+    """``pad``: CUDA's ``_int_mm`` wants more than 16 rows and multiples of 8, so the weight is
+    zero-padded at load and each call pads its activations (sliced off the output)."""
+
+    def __init__(self, parts: Mapping[str, np.ndarray], native: bool, pad: bool = False):
         q = torch.from_numpy(np.asarray(parts["weight"], np.int8).copy())
         scale = torch.from_numpy(np.asarray(parts["weight_scale"], np.float32).copy())
         super().__init__(q.shape[1], q.shape[0])
         self.native = native
-        self.register_buffer("weight", q)
+        self.pad = native and pad
+        if self.pad:
+            q = _padded(q, _round_up(q.shape[0], 8), _round_up(q.shape[1], 8))
+            scale = _padded(scale.view(1, -1), 1, q.shape[0], 1.0)
+        self.register_buffer("weight", q.contiguous())
         self.register_buffer("weight_scale", scale.view(1, -1))
 
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
+        m = x.shape[0]
+        if self.pad:  # zero rows / columns: scale 1, codes 0, exact zero products
+            x = _padded(x.float(), max(32, _round_up(m, 8)), self.weight.shape[1])
         q, s = quantize_int8_tokens(x.float())
         if self.native:
             acc = torch._int_mm(q, self.weight.t()).float()
         else:
             # float64 holds every int32 partial sum exactly.
             acc = (q.double() @ self.weight.double().t()).float()
-        return acc * s * self.weight_scale
+        return (acc * s * self.weight_scale)[:m, : self.out_features]
 
     def extra_repr(self) -> str:
         return (super().extra_repr() + ", format=w8a8_int8, activations=int8_token, kernel="
                 + ("_int_mm" if self.native else "emulate"))
+
+
+def _device_key(device: torch.device | str) -> str:
+    """``cuda`` and ``cuda:<current>`` are one device: one probe, one cache entry."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return str(device)
+
+
+def _capability(device: torch.device) -> tuple[int, int] | None:
+    return torch.cuda.get_device_capability(device) if device.type == "cuda" else None
 
 
 _SCALED_MM_OUT: dict[str, torch.dtype | None] = {}
@@ -176,12 +227,16 @@ def scaled_mm_out_dtype(device: torch.device | str = "cpu") -> torch.dtype | Non
     ``FP8BlockLinear`` calls it in (probed once per device): float32 where it runs (CPU; CUDA
     with recent cuBLAS), else bfloat16 (CUDA's row-wise kernels accept only that output on many
     torch / cuBLAS versions; each group's partial is then rounded to bf16 before the float32
-    sum), None when there is no fp8 GEMM there."""
-    device = torch.device(device)
-    key = str(device)
+    sum), None when there is no fp8 GEMM there (CUDA below compute capability 8.9: no FP8
+    tensor cores, whatever a probe might get away with)."""
+    key = _device_key(device)
     if key not in _SCALED_MM_OUT:
+        device = torch.device(key)
         _SCALED_MM_OUT[key] = None
+        cap = _capability(device)
         for dtype in (torch.float32, torch.bfloat16):
+            if cap is not None and cap < (8, 9):
+                break
             try:
                 # 16 x 32 by 32 x 16: the smallest shapes CUDA's fp8 GEMM accepts (multiples of 16).
                 a = torch.zeros(16, 32, dtype=torch.float8_e4m3fn, device=device)
@@ -195,48 +250,86 @@ def scaled_mm_out_dtype(device: torch.device | str = "cpu") -> torch.dtype | Non
     return _SCALED_MM_OUT[key]
 
 
-def _has_scaled_mm() -> bool:
-    return scaled_mm_out_dtype("cpu") is not None  # the engine runs on the CPU
+def _has_scaled_mm(device: torch.device | str = "cpu") -> bool:
+    return scaled_mm_out_dtype(device) is not None
 
 
-def _has_int_mm() -> bool:
+def _has_int_mm(device: torch.device | str = "cpu") -> bool:
+    """Whether ``torch._int_mm`` runs on ``device`` in the shapes ``Int8Linear`` calls it with
+    (CUDA wants more than 16 rows and multiples of 8: the module pads to that there)."""
+    device = torch.device(device)
     try:
-        a = torch.zeros(1, 8, dtype=torch.int8)
+        a = torch.zeros(32, 32, dtype=torch.int8, device=device)
         torch._int_mm(a, a.t())
         return True
     except (RuntimeError, AttributeError, NotImplementedError):
         return False
 
 
-_PROBES: dict[str, bool] = {}
+_PROBES: dict[tuple[str, str], bool] = {}
 
 
-def native_kernel_available(kind: str) -> bool:
-    """Whether torch runs the ``fp8`` (``_scaled_mm``) or ``int8`` (``_int_mm``) kernel here."""
-    if kind not in _PROBES:
-        _PROBES[kind] = _has_scaled_mm() if kind == "fp8" else _has_int_mm()
-    return _PROBES[kind]
+def native_kernel_available(kind: str, device: torch.device | str = "cpu") -> bool:
+    """Whether torch runs the ``fp8`` (``_scaled_mm``) or ``int8`` (``_int_mm``) kernel on
+    ``device``; probed on that device once and cached per (kind, device), since a GPU without
+    FP8 tensor cores must not inherit the CPU's (or another GPU's) answer."""
+    if kind not in ("fp8", "int8"):
+        raise ValueError(f"no native kernel kind {kind!r} (fp8, int8)")
+    key = (kind, _device_key(device))
+    if key not in _PROBES:
+        _PROBES[key] = (_has_scaled_mm if kind == "fp8" else _has_int_mm)(key[1])
+    return _PROBES[key]
 
 
-def make_linear(recipe: Recipe, parts: Mapping[str, np.ndarray]) -> nn.Module:
-    """The module a recipe runs for one exported linear (``parts`` as the codec wrote them)."""
+def matmul_kernel(recipe: Recipe, device: torch.device | str = "cpu") -> str:
+    """``native`` or ``emulate``: how ``recipe``'s projections multiply on ``device``.
+
+    ``native``: the GEMM the serving kernel runs (bf16 / fp32 weights in the compute dtype;
+    fp8 ``_scaled_mm`` and int8 ``_int_mm`` where the probe passes and the recipe's ``kernel``
+    allows). ``emulate``: the same arithmetic in float kernels -- quantized activations through
+    fake quantization (NVFP4 W4A4 always: no FP4 GEMM is wired here, not even on 10.x parts
+    where torch has one), and weight-only recipes whose export is decoded once at load to the
+    compute dtype instead of in a fused dequantizing kernel.
+    """
+    act, fmt = recipe.activations, recipe.weight_format
+    if fmt == "bf16":
+        return "native"
+    if recipe.kernel == "emulate" or act in ("none", "nvfp4"):
+        return "emulate"
+    return "native" if native_kernel_available("fp8" if act == "fp8_g128" else "int8",
+                                               device) else "emulate"
+
+
+def recipe_kernels(device: torch.device | str = "cpu") -> dict[str, str]:
+    """``matmul_kernel`` of every registered recipe on ``device`` (what a registration reports)."""
+    from sampler_torch.recipes.registry import RECIPES
+
+    return {name: matmul_kernel(r, device) for name, r in RECIPES.items()}
+
+
+def make_linear(recipe: Recipe, parts: Mapping[str, np.ndarray],
+                device: torch.device | str = "cpu") -> nn.Module:
+    """The module a recipe runs for one exported linear (``parts`` as the codec wrote them), with
+    the native kernels chosen by probing ``device`` (the module is still built on the CPU: the
+    caller moves it)."""
     fmt, act = recipe.weight_format, recipe.activations
+    device = torch.device(device)
 
     def use_native(kind: str) -> bool:
         if recipe.kernel == "emulate":
             return False
-        available = native_kernel_available(kind)
+        available = native_kernel_available(kind, device)
         if recipe.kernel == "native" and not available:
             raise RuntimeError(f"recipe {recipe.name!r} asks for the native {kind} kernel, which "
-                               "torch does not run on this device")
+                               f"torch does not run on {device}")
         return available
 
     if fmt == "fp8_block" and act == "fp8_g128":
-        return FP8BlockLinear(parts, native=use_native("fp8"))
+        return FP8BlockLinear(parts, native=use_native("fp8"), pad=device.type == "cuda")
     if fmt == "nvfp4" and act == "nvfp4":
         return NVFP4Linear(parts)
     if fmt == "w8a8_int8" and act == "int8_token":
-        return Int8Linear(parts, native=use_native("int8"))
+        return Int8Linear(parts, native=use_native("int8"), pad=device.type == "cuda")
     if act == "none" and fmt != "bf16":
         return DequantLinear(_dequantized(fmt, parts), torch_dtype(recipe), fmt)
     raise AssertionError(f"no linear for weights {fmt!r} with activations {act!r}")

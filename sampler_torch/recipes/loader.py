@@ -26,7 +26,7 @@ from convert.manifest import check_manifest, read_manifest
 from convert.qwen3_config import Qwen3Config, hf_tensor_shapes
 from sampler_torch.models import Qwen3ForCausalLM
 from sampler_torch.recipes.linear import make_linear
-from sampler_torch.recipes.registry import Recipe, RecipeError, torch_dtype
+from sampler_torch.recipes.registry import Recipe, RecipeError, resolve_attention, torch_dtype
 from sampler_torch.tensors import to_torch
 
 
@@ -136,8 +136,8 @@ def _load(ckpt: HFCheckpoint, codec: Codec, recipe: Recipe, device) -> tuple[
         for suffix, spec in specs.items():
             _check_part(ckpt, f"{module}.{suffix}", spec)
             parts[suffix] = ckpt.get(f"{module}.{suffix}")
-        _set_submodule(model, module, make_linear(recipe, parts).to(device))
-    model.set_attention_impl(recipe.attention)
+        _set_submodule(model, module, make_linear(recipe, parts, device).to(device))
+    model.set_attention_impl(resolve_attention(recipe.attention, torch.device(device).type))
     return model.eval().requires_grad_(False), cfg
 
 

@@ -20,6 +20,7 @@ from mixrl_wire.recipes import (
     RecipeError,
     get_recipe,
     register_recipe,
+    resolve_attention,
 )
 
 
@@ -35,4 +36,4 @@ def kv_torch_dtype(recipe: Recipe) -> torch.dtype:
 
 __all__ = ["ACTIVATIONS", "ATTENTION_IMPLS", "COMPUTE_DTYPES", "KERNELS", "KV_CACHE_DTYPES", "RECIPES",
            "WEIGHT_FORMATS", "Recipe", "RecipeError", "get_recipe", "kv_torch_dtype", "register_recipe",
-           "torch_dtype"]
+           "resolve_attention", "torch_dtype"]
