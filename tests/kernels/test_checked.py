@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -58,22 +59,30 @@ def test_merge_keeps_one_entry_per_key_and_a_fail_beats_a_pass(registry):
     assert keys == sorted(keys)
 
 
-def _write_many(path: str, n: int) -> None:
-    for i in range(n):
-        checked.write([_entry("attention:pallas_gpu", err=float(i))] * (1 + i % 50), path)
+# The writer: checked.py loaded by path (its package would import JAX, seconds of start-up).
+_WRITER = """
+import importlib.util, json, sys
+spec = importlib.util.spec_from_file_location("checked", sys.argv[1])
+checked = sys.modules["checked"] = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(checked)
+entry = json.loads(sys.argv[3])
+for i in range(300):
+    checked.write([{**entry, "max_err": float(i)}] * (1 + i % 50), sys.argv[2])
+"""
 
 
 def test_write_is_atomic(registry):
     """A reader racing a writer (another process) only ever sees a whole file."""
-    checked.write([_entry("attention:pallas_gpu")], registry)
-    writer = multiprocessing.get_context("spawn").Process(target=_write_many, args=(str(registry), 300))
-    writer.start()
+    entry = _entry("attention:pallas_gpu")
+    checked.write([entry], registry)
+    writer = subprocess.Popen([sys.executable, "-c", _WRITER, checked.__file__, str(registry),
+                               json.dumps(entry)])
     reads = 0
-    while writer.is_alive() or reads == 0:
+    while writer.poll() is None or reads == 0:
         assert json.loads(registry.read_text())["entries"]  # never empty, never half-written
         reads += 1
-    writer.join()
-    assert writer.exitcode == 0 and reads > 1
+    assert writer.wait() == 0 and reads > 1
+    assert len(json.loads(registry.read_text())["entries"]) == 50  # the last write, whole
     assert not [p for p in os.listdir(registry.parent) if p.endswith(".tmp")]  # no temp left behind
 
 
@@ -126,6 +135,12 @@ def test_reasons_name_fails_and_toy_shape_runs(registry):
                    "head dim 100); pallas_gpu checked only at toy shapes (--tiny) on NVIDIA H200 with "
                    "jax 0.10")
     assert checked.describe_choice("attention", "auto", H200).startswith("attention: blocked (auto: cudnn ")
+    # Correct but measured slower than the XLA path it would replace: not picked either.
+    checked.record([_entry("linear_logsumexp:pallas", versions={**V, "jax": "0.10.3"}, fwd_bwd_s=0.03,
+                           fallback_s=0.02)])
+    assert checked.choose("linear_logsumexp", H200) == (
+        "xla", "auto: pallas passed on NVIDIA H200 with jax 0.10 but was slower than the XLA path "
+               "(30 ms vs 20 ms forward+backward)")
     assert checked.describe_choice("linear_logsumexp", "pallas", H200) == (
         "loss kernel: pallas (set by objective.impl)")
 

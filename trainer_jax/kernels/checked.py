@@ -173,7 +173,9 @@ def lookup(kernel: str, where: Where, path: str | os.PathLike | None = None) -> 
 
 
 def verdict(kernel: str, where: Where, path: str | os.PathLike | None = None) -> tuple[bool, str]:
-    """(passed, why): whether ``kernel`` may be picked by ``auto`` at ``where``, and the reason."""
+    """(passed, why): whether ``kernel`` may be picked by ``auto`` at ``where``, and the reason.
+    A kernel that passed but was measured slower than the XLA fallback (``fwd_bwd_s`` >
+    ``fallback_s``, both timed by the check) is not picked either: auto is the fast path."""
     name = kernel.split(":", 1)[-1]
     e = lookup(kernel, where, path)
     if e is None:
@@ -185,6 +187,10 @@ def verdict(kernel: str, where: Where, path: str | os.PathLike | None = None) ->
         detail = e.get("error") or (f"max err {err:.2g} > {e.get('tolerance'):.2g}" if err is not None
                                     else "no error figure")
         return False, f"{name} failed its check on {where.describe()} ({detail[:120]})"
+    fused, fallback = e.get("fwd_bwd_s"), e.get("fallback_s")
+    if isinstance(fused, int | float) and isinstance(fallback, int | float) and fused > fallback:
+        return False, (f"{name} passed on {where.describe()} but was slower than the XLA path "
+                       f"({fused * 1e3:.3g} ms vs {fallback * 1e3:.3g} ms forward+backward)")
     return True, (f"{name} checked on {where.describe()} {str(e.get('date', ''))[:10]}, "
                   f"max err {err:.2g} <= {e.get('tolerance'):.2g}")
 
