@@ -418,6 +418,7 @@ class Trainer:
                 step = self.meta["step"]
                 values = self._step_metrics(groups, samples, taken, rewards, result, t1 - t0, t2 - t1)
                 values.update(self.source.metrics(groups))
+                values["samplers/restarts"] = self.samplers.restarts
                 if self.sync:  # the next step's tasks wait for this version, announced
                     self.meta["version"] += 1
                     self.publisher.publish_now(self.meta["version"], self._snapshot())
@@ -441,7 +442,8 @@ class Trainer:
                 progress.advance(
                     f"reward {values['reward_mean']:.3f} k3 {values.get('k3', float('nan')):.2e} "
                     f"oor {values.get('out_of_range', float('nan')):.3f} |g| {result.grad_norm:.2f} "
-                    f"idle {values['trainer_idle_share']:.0%}")
+                    f"idle {values['trainer_idle_share']:.0%}"
+                    + (f" sampler restarts {self.samplers.restarts}" if self.samplers.restarts else ""))
 
     def _save_trajectories(self, samples: list[Sample], taken) -> None:
         """Opt-in (``MIXRL_SAVE_TRAJECTORIES=N``): keep up to N trained samples of the latest step.
@@ -467,6 +469,8 @@ class Trainer:
         groups = []
         while len(groups) < n:
             groups += self.service.buffer.take_groups(n - len(groups), timeout=1.0)
+            for event in self.samplers.restart_dead():  # a sampler that died is restarted, with backoff
+                self.console.print(event, markup=False)
             if self.samplers.all_dead():
                 raise RuntimeError(f"every sampler process exited; see {self.samplers.logs}")
             if time.monotonic() > deadline:
