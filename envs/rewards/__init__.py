@@ -11,9 +11,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import os
 import queue
 import select
+import signal
 import subprocess
 import sys
 import threading
@@ -22,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from envs.rewards.builtin import BUILTINS
+from envs.rewards.worker import MAX_METRICS
 
 log = logging.getLogger(__name__)
 _ROOT = str(Path(__file__).resolve().parents[2])
@@ -46,9 +49,26 @@ class RewardResult:
     metrics: dict[str, float] = dataclasses.field(default_factory=dict)
     error: str | None = None  # the exception, or "timeout after N s"
     timed_out: bool = False
+    # Why it scored 0 (a short metric name: timeout, exception, memory, crashed, exited, forked,
+    # stray_output, bad_return, load, worker_died, protocol), None when it did not fail.
+    reason: str | None = None
+
+
+_GRACE_S = 5.0  # how much longer than a call's timeout the pool waits for its supervisor
+_LOAD_GRACE_S = 60.0  # the same, for a call that first imports the function
+_MAX_ANSWER_BYTES = 1024**2
+
+
+class _WorkerFailed(Exception):
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason = reason
 
 
 class _Worker:
+    """One supervisor process (``envs.rewards.worker``): requests on its stdin, answers on its
+    stdout, one answer per request, matched by id."""
+
     def __init__(self):
         # The project root first, then the trainer's own path: the user's module must import in
         # the worker as it does in the trainer.
@@ -56,104 +76,184 @@ class _Worker:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(dict.fromkeys(path)))
         self.proc = subprocess.Popen([sys.executable, "-m", "envs.rewards.worker"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, env=env, start_new_session=True)
+        self.loaded: set[str] = set()
+        self._next_id = 0
+        self._buf = b""
 
-    def call(self, request: bytes, timeout: float) -> dict | None:
-        """The worker's answer, or None if it took longer than ``timeout`` (then it is killed)."""
-        self.proc.stdin.write(request)
-        self.proc.stdin.flush()
+    def call(self, request: dict, timeout: float) -> dict | None:
+        """The answer to ``request``, or None if none came within ``timeout`` s (the worker is
+        then killed); ``_WorkerFailed`` if the worker died or broke the protocol."""
+        self._next_id += 1
+        rid = self._next_id
+        try:
+            self.proc.stdin.write(json.dumps({**request, "id": rid}, default=str).encode() + b"\n")
+            self.proc.stdin.flush()
+        except (BrokenPipeError, ValueError) as e:
+            raise _WorkerFailed("worker_died", f"reward worker exited (code {self.proc.poll()}): {e}") \
+                from None
+        deadline = time.monotonic() + timeout
         fd = self.proc.stdout.fileno()
-        ready, _, _ = select.select([fd], [], [], timeout)
-        if not ready:
-            self.kill()
-            return None
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"reward worker exited (code {self.proc.wait()})")
-        return json.loads(line)
+        while b"\n" not in self._buf:
+            left = deadline - time.monotonic()
+            ready, _, _ = select.select([fd], [], [], max(0.0, left))
+            if not ready:
+                self.kill()
+                return None
+            data = os.read(fd, 1 << 20)
+            if not data:
+                raise _WorkerFailed("worker_died", f"reward worker exited (code {self.proc.wait()})")
+            self._buf += data
+            if len(self._buf) > _MAX_ANSWER_BYTES:
+                raise _WorkerFailed("protocol", "reward worker answered over 1 MiB")
+        line, _, self._buf = self._buf.partition(b"\n")
+        try:
+            answer = json.loads(line)
+        except ValueError:
+            raise _WorkerFailed("protocol", f"reward worker answered {line[:60]!r}") from None
+        if not isinstance(answer, dict) or answer.get("id") != rid or self._buf:
+            raise _WorkerFailed("protocol", f"reward worker answered request {answer.get('id')!r} "
+                                f"to request {rid}" if isinstance(answer, dict) else "not an object")
+        return answer
 
     def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
+        """Kill the supervisor and its process group (its calls' children die with it)."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
         self.proc.wait()
         for f in (self.proc.stdin, self.proc.stdout):
-            f.close()
+            try:
+                f.close()
+            except OSError:
+                pass
+
+    def close(self, wait_s: float = 2.0) -> None:
+        """Close the channel (the supervisor kills what its calls left and exits), then kill."""
+        try:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=wait_s)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+        self.kill()
+
+
+def _valid_answer(answer: dict) -> tuple[float, dict[str, float]]:
+    """The reward and metrics of an ``ok`` answer, re-checked on this side of the channel."""
+    value = answer.get("value")
+    if not isinstance(value, dict) or not isinstance(value.get("metrics"), dict):
+        raise _WorkerFailed("protocol", "reward worker answered without a reward")
+    reward, metrics = value.get("reward"), value["metrics"]
+    if type(reward) not in (int, float) or not math.isfinite(reward) or len(metrics) > MAX_METRICS or not all(
+            isinstance(k, str) and type(v) in (int, float) and math.isfinite(v) for k, v in metrics.items()):
+        raise _WorkerFailed("protocol", "reward worker answered a malformed reward")
+    return float(reward), {k: float(v) for k, v in metrics.items()}
 
 
 class RewardPool:
-    """``workers`` processes scoring calls with a ``timeout_s`` limit each; thread-safe."""
+    """``workers`` processes scoring calls with a ``timeout_s`` limit each; thread-safe.
 
-    def __init__(self, spec: str, *, workers: int = 2, timeout_s: float = 10.0):
+    ``memory_bytes``: the address-space limit of each call (``RLIMIT_AS``; 0 for none).
+    Every call runs in a process of its own, forked from a worker that imported the function:
+    keep a function's expensive state at module level (loaded once), not in a cache it fills
+    on its first call (each call starts from the loaded module, not from the previous call).
+    """
+
+    def __init__(self, spec: str, *, workers: int = 2, timeout_s: float = 10.0,
+                 memory_bytes: int = 4 * 1024**3):
         self.spec = check_reward_spec(spec)
-        if workers < 1 or timeout_s <= 0:
-            raise ValueError(f"reward pool: workers must be >= 1 and timeout > 0, got {workers}, {timeout_s}")
+        if workers < 1 or timeout_s <= 0 or memory_bytes < 0:
+            raise ValueError(f"reward pool: workers must be >= 1, timeout > 0 and memory >= 0, got "
+                             f"{workers}, {timeout_s}, {memory_bytes}")
         self.timeout_s = timeout_s
+        self.memory_bytes = memory_bytes
         self._idle: queue.LifoQueue[_Worker | None] = queue.LifoQueue()
         for _ in range(workers):
             self._idle.put(None)  # started on first use
         self._lock = threading.Lock()
         self._logged: set[str] = set()
+        self._all: set[_Worker] = set()
         self.closed = False
 
     def check(self, timeout_s: float = 60.0) -> None:
         """Import the function in a worker now: a bad name is one error line at startup."""
         worker = self._take()
         try:
-            request = json.dumps({"check": self.spec})
-            answer = worker.call(request.encode() + b"\n", timeout_s)
-        except Exception:
-            worker.kill()
+            answer = worker.call({"check": self.spec}, timeout_s)
+        except _WorkerFailed as e:
+            self._drop(worker)
             worker = None
-            raise
+            raise ValueError(f"reward {self.spec!r} cannot be loaded: {e}") from None
         finally:
             self._idle.put(worker)
         if answer is None:
             raise ValueError(f"reward {self.spec!r}: importing it took over {timeout_s:.0f} s")
         if not answer["ok"]:
             raise ValueError(f"reward {self.spec!r} cannot be loaded: {answer['error']}")
+        worker.loaded.add(self.spec)
 
     def _take(self) -> _Worker:
         worker = self._idle.get()
         if worker is None or worker.proc.poll() is not None:
+            if worker is not None:
+                self._drop(worker)
             worker = _Worker()
+            with self._lock:
+                self._all.add(worker)
+            if self.closed:  # closed meanwhile: never leave a process behind
+                self._drop(worker)
+                raise RuntimeError("reward pool is closed")
         return worker
 
+    def _drop(self, worker: _Worker) -> None:
+        worker.kill()
+        with self._lock:
+            self._all.discard(worker)
+
     def score(self, **kwargs) -> RewardResult:
-        """Call the reward by keyword; an exception or a timeout scores 0 (first message logged)."""
-        request = json.dumps({"fn": self.spec, "kwargs": kwargs}, default=str).encode() + b"\n"
+        """Call the reward by keyword; any failure scores 0 with a reason (first message logged)."""
+        request = {"fn": self.spec, "kwargs": kwargs, "timeout_s": self.timeout_s,
+                   "memory_bytes": self.memory_bytes}
         worker = self._take()
+        grace = _GRACE_S if self.spec in worker.loaded else _LOAD_GRACE_S
         t0 = time.monotonic()
         try:
-            answer = worker.call(request, self.timeout_s)
-        except Exception as e:  # noqa: BLE001 - a dead worker (killed for memory, ...) scores 0
-            worker.kill()
-            worker, answer = None, {"ok": False, "error": f"worker failed: {e}"}
+            answer = worker.call(request, self.timeout_s + grace)
+            if answer is None:
+                self._drop(worker)
+                worker = None
+                return self._failed("timeout", f"timeout after {time.monotonic() - t0:.1f} s (worker killed)")
+            worker.loaded.add(self.spec)
+            if not answer.get("ok"):
+                reason = answer.get("reason") if isinstance(answer.get("reason"), str) else "protocol"
+                return self._failed(reason, str(answer.get("error")))
+            reward, metrics = _valid_answer(answer)
+            return RewardResult(reward, metrics)
+        except _WorkerFailed as e:  # a dead or confused worker scores 0 and is replaced
+            self._drop(worker)
+            worker = None
+            return self._failed(e.reason, str(e))
         finally:
-            self._idle.put(worker if worker is not None and worker.proc.returncode is None else None)
-        if answer is None:
-            return self._failed(f"timeout after {time.monotonic() - t0:.1f} s", timed_out=True)
-        if not answer["ok"]:
-            return self._failed(answer["error"])
-        return RewardResult(answer["value"]["reward"], answer["value"]["metrics"])
+            self._idle.put(worker)
 
-    def _failed(self, error: str, *, timed_out: bool = False) -> RewardResult:
-        kind = "timeout" if timed_out else "error"
+    def _failed(self, reason: str, error: str) -> RewardResult:
+        timed_out = reason == "timeout"
         with self._lock:
-            first = kind not in self._logged
-            self._logged.add(kind)
+            first = reason not in self._logged
+            self._logged.add(reason)
         if first:
-            log.warning("reward %s: %s (scored 0; later %ss are counted in the metrics, not logged)",
-                        self.spec, error, kind)
-        return RewardResult(0.0, error=error, timed_out=timed_out)
+            log.warning("reward %s: %s (%s; scored 0; later ones are counted in the metrics, not logged)",
+                        self.spec, error, reason)
+        return RewardResult(0.0, error=error, timed_out=timed_out, reason=reason)
 
     def close(self) -> None:
+        """Stop every worker (and whatever its calls started); idempotent."""
         self.closed = True
-        while True:
-            try:
-                worker = self._idle.get_nowait()
-            except queue.Empty:
-                return
-            if worker is not None:
-                worker.kill()
+        with self._lock:
+            workers = list(self._all)
+            self._all.clear()
+        for worker in workers:
+            worker.close()
 
 
 __all__ = ["BUILTINS", "RewardPool", "RewardResult", "check_reward_spec"]

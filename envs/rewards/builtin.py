@@ -4,9 +4,13 @@
   against the row's answer (its ``#### ...`` part for GSM8K-style answers), equal as numbers or,
   failing that, as sympy expressions.
 - ``exact``: the reply, stripped, equals the answer, stripped.
-- ``code``: the reply's last fenced Python block (or the whole reply) followed by the row's
-  ``tests`` (a string, or a list of assert lines) runs in the namespace sandbox with its limits;
-  1 when it exits 0.
+- ``code``: the reply's last fenced Python block (or the whole reply) is imported in the
+  namespace sandbox, the expressions of the row's ``tests`` (a string, or a list of ``assert``
+  lines: ``assert f(x) == 3``, ``!=``, ``is None``, ``in [...]``, ``isclose``, ``abs(a - b) < t``,
+  ``assert f(x)``, ``assert not f(x)``, imports) are evaluated there, and their values are
+  compared outside it with the expected values, which never enter the sandbox
+  (``envs.rewards.code_harness`` says why and what it trusts); 1 when every test passes, with
+  ``tests_passed`` (the fraction) as a metric.
 """
 
 from __future__ import annotations
@@ -18,6 +22,10 @@ from typing import Any
 # Built-in reward names and the functions they stand for.
 BUILTINS = {"math": "envs.rewards.builtin:math_reward", "exact": "envs.rewards.builtin:exact_reward",
             "code": "envs.rewards.builtin:code_reward"}
+# Modules a built-in imports lazily, imported once by the reward worker (``envs.rewards.worker``)
+# so that the per-call processes it forks start with them loaded.
+WARM = {"math": ("sympy", "sympy.parsing.sympy_parser"),
+        "code": ("envs.sandbox", "envs.rewards.code_harness")}
 _HASHES = re.compile(r"####\s*(.+)")
 _FENCE = re.compile(r"```(?:python|py)?[^\n]*\n(.*?)```", re.DOTALL)
 
@@ -114,17 +122,11 @@ def exact_reward(*, completion: str, answer: Any, prompt: str = "", task: dict |
     return float(completion.strip() == str(answer).strip())
 
 
-def code_reward(*, completion: str, answer: Any = None, prompt: str = "", task: dict | None = None) -> float:
-    from envs.sandbox import Sandbox, SandboxLimits
+def code_reward(*, completion: str, answer: Any = None, prompt: str = "", task: dict | None = None) -> dict:
+    from envs.rewards.code_harness import run_tests
 
     tests = (task or {}).get("tests")
     if not tests:
         raise ValueError("code reward: the row has no 'tests'")
-    if not isinstance(tests, str):
-        tests = "\n".join(str(t) for t in tests)
     blocks = _FENCE.findall(completion)
-    program = (blocks[-1] if blocks else completion) + "\n\n" + tests + "\n"
-    with Sandbox(SandboxLimits(wall_seconds=5.0, cpu_seconds=5)) as box:
-        box.write_file("solution.py", program)
-        result = box.run("python3 solution.py")
-    return float(result.ok)
+    return run_tests(blocks[-1] if blocks else completion, tests)

@@ -1,42 +1,90 @@
 """A reward worker process: ``python -m envs.rewards.worker``.
 
-Reads one JSON request per line on stdin (``{"fn": "package.module:function", "kwargs": {...}}``)
-and answers one JSON line (``{"ok": true, "value": ...}`` or ``{"ok": false, "error": "..."}``).
-The answers go to a private copy of the original stdout: whatever the user's function prints
-lands on stderr and cannot corrupt the protocol. Imports only what the reward imports (never
-torch on our account); the parent kills and replaces a worker that overruns its timeout.
+The pool (``envs.rewards.RewardPool``) writes one JSON request per line on the worker's stdin,
+``{"id": n, "fn": "package.module:function", "kwargs": {...}, "timeout_s": t, "memory_bytes": m}``
+(or ``{"id": n, "check": spec}`` to import only), and reads exactly one answer line per request,
+``{"id": n, "ok": true, "value": {"reward": r, "metrics": {...}}}`` or
+``{"id": n, "ok": false, "reason": "...", "error": "..."}``.
+
+Why every call runs in a child forked for it, not in this process: the user's function is code
+we do not control. Run in the process that holds the channel to the pool, a function that forks
+returns twice (two answers for one request: every later reward lands on the wrong completion),
+and one that writes to an inherited descriptor can answer requests it was never asked. So this
+process only imports the function (once: the children inherit the loaded module) and supervises.
+The child it forks per call
+
+- holds no descriptor of the channel: everything but stdin (``/dev/null``), stdout/stderr (the
+  worker's stderr) and a fresh result pipe is closed before the function runs;
+- has an address-space limit (``memory_bytes``, ``RLIMIT_AS``): a 20 GB allocation is a
+  ``MemoryError`` (reason ``memory``), not the host's OOM killer;
+- dies with this process (``PR_SET_PDEATHSIG``), and everything it starts is reaped here when the
+  call ends: this process is a child subreaper, so orphaned descendants become its children and
+  are killed until none is left (a ``setsid`` does not escape);
+- reports on the pipe, one line per process that returns from the function: a forked copy that
+  returns is reported as ``forked`` (the caller waits for the copies it forked with ``os.fork``
+  before it answers, so the report is never lost to a race), and anything on the pipe but exactly one
+  well-formed line is ``stray_output``.
+
+The supervisor enforces ``timeout_s`` itself (``timeout``) and re-validates the value (a finite
+float reward, at most ``MAX_METRICS`` finite metrics, the line at most ``MAX_RESULT_BYTES``) before
+it answers. A child that dies without answering is ``crashed`` (a signal: a segfault, a kill) or
+``exited`` (``os._exit`` without returning). The module's import-time code is the one thing that
+runs here, once, as configuration (``RewardPool.check`` does it at startup). Only a ``setsid``'d
+grandchild that clears its death signal outlives a worker killed with SIGKILL mid-call (the pool
+does that only if this supervisor itself stops answering).
 """
 
 from __future__ import annotations
 
+import ctypes
 import importlib
 import json
 import math
 import os
+import resource
+import select
+import signal
 import sys
+import time
 from collections.abc import Callable
 
-from envs.rewards.builtin import BUILTINS
+from envs.rewards.builtin import BUILTINS, WARM
+
+MAX_RESULT_BYTES = 64 * 1024
+MAX_METRICS = 32
+MAX_KEY_CHARS = 100
+MAX_REQUEST_BYTES = 64 * 1024**2
+PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER = 1, 36
 
 
 def resolve(spec: str) -> Callable:
-    """The function a reward spec names: a built-in name or ``package.module:function``."""
+    """The function a reward spec names: a built-in name or ``package.module:function``; the
+    built-ins' heavy imports (sympy) happen here, once, not in every call's child."""
     target = BUILTINS.get(spec, spec)
     module_name, _, attr = target.partition(":")
     fn = getattr(importlib.import_module(module_name), attr, None)
     if not callable(fn):
         raise ValueError(f"reward {spec!r}: {module_name} has no function {attr!r}")
+    for name in WARM.get(spec, ()):
+        importlib.import_module(name)
     return fn
 
 
 def normalise(value) -> dict:
-    """``{"reward": float, "metrics": {name: float}}`` from a float or a dict with ``reward``."""
+    """``{"reward": float, "metrics": {name: float}}`` from a float or a dict with ``reward``;
+    ValueError/TypeError for anything else (NaN, text, a dict without ``reward`` or too large)."""
     metrics = {}
     if isinstance(value, dict):
         if "reward" not in value:
-            raise ValueError(f"reward function returned a dict without 'reward' (keys {sorted(value)})")
+            keys = sorted(map(str, value))[:8]
+            raise ValueError(f"reward function returned a dict without 'reward' (keys {keys})")
+        if len(value) > MAX_METRICS + 1:
+            raise ValueError(f"reward function returned a dict of {len(value)} keys "
+                             f"(at most {MAX_METRICS + 1})")
         metrics = {str(k): float(v) for k, v in value.items()
                    if k != "reward" and isinstance(v, int | float) and not isinstance(v, bool)}
+        if any(len(k) > MAX_KEY_CHARS for k in metrics):
+            raise ValueError(f"reward function returned a metric name over {MAX_KEY_CHARS} characters")
         value = value["reward"]
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise TypeError(f"reward function returned {type(value).__name__}, not a float")
@@ -46,25 +94,262 @@ def normalise(value) -> dict:
     return {"reward": reward, "metrics": {k: v for k, v in metrics.items() if math.isfinite(v)}}
 
 
-def main() -> None:
-    out = os.fdopen(os.dup(1), "w", buffering=1)
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
-    functions: dict[str, Callable] = {}
-    for line in sys.stdin:
+def _prctl(option: int, arg: int) -> None:
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(option, arg, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: the pool's process-group kill still applies
+        pass
+
+
+def _error(reason: str, error: str) -> dict:
+    return {"ok": False, "reason": reason, "error": error[:500]}
+
+
+# ---------------------------------------------------------------- the call's child
+
+
+def _report(fd: int, frame: dict) -> None:
+    data = (json.dumps(frame) + "\n").encode()
+    while data:
+        data = data[os.write(fd, data):]
+
+
+def _child(fn: Callable, kwargs: dict, out: int, memory_bytes: int, supervisor: int) -> None:
+    """Run the function once and report on ``out``; never returns (``os._exit``)."""
+    try:
+        _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != supervisor:  # the supervisor died before the death signal was set
+            os._exit(1)
+        os.closerange(3, out)
+        os.closerange(out + 1, os.sysconf("SC_OPEN_MAX"))
+        if memory_bytes:
+            resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
+        me, forked, real_fork = os.getpid(), [], os.fork
+
+        def fork() -> int:  # remember the copies the function forks, to wait for them below
+            pid = real_fork()
+            if pid:
+                forked.append(pid)
+            return pid
+
+        os.fork = fork
         try:
-            request = json.loads(line)
-            if "check" in request:  # load the function only (RewardPool.check)
-                functions[request["check"]] = resolve(request["check"])
-                out.write(json.dumps({"ok": True, "value": None}) + "\n")
+            value = fn(**kwargs)
+        except MemoryError:
+            value, frame = None, _error("memory", "MemoryError: the call exceeded its memory limit")
+        except BaseException as e:  # noqa: BLE001 - SystemExit from the user's code scores 0 too
+            value, frame = None, _error("exception", f"{type(e).__name__}: {e}")
+        else:
+            frame = None
+        if os.getpid() != me:  # a copy the function forked returned from it
+            _report(out, {"forked": True})
+            os._exit(0)
+        for pid in forked:  # wait for the copies it forked: a returning one reports before we answer
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:  # the function reaped it itself
+                pass
+        if frame is None:
+            try:
+                frame = {"ok": True, "value": normalise(value)}
+            except (TypeError, ValueError, OverflowError) as e:
+                frame = _error("bad_return", f"{type(e).__name__}: {e}")
+        _report(out, frame)
+    finally:
+        os._exit(0)
+
+
+# ---------------------------------------------------------------- the supervisor
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(x) for x in f.read().split()]
+    except OSError:
+        found = []
+        for entry in os.listdir("/proc"):
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    if int(f.read().rpartition(")")[2].split()[1]) == pid:
+                        found.append(int(entry))
+            except (OSError, ValueError, IndexError):
                 continue
-            spec = request["fn"]
-            if spec not in functions:
-                functions[spec] = resolve(spec)
-            answer = {"ok": True, "value": normalise(functions[spec](**request.get("kwargs", {})))}
-        except Exception as e:  # noqa: BLE001 - any failure of the user's code is a scored 0
-            answer = {"ok": False, "error": f"{type(e).__name__}: {e}"[:500]}
-        out.write(json.dumps(answer) + "\n")
+        return found
+
+
+def kill_descendants() -> None:
+    """Kill and reap every process below this one (orphans are reparented here: subreaper)."""
+    me = os.getpid()
+    for _ in range(10_000):
+        kids = _children(me)
+        if not kids:
+            break
+        for pid in kids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for pid in kids:
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
+    while True:
+        try:
+            if os.waitpid(-1, os.WNOHANG) == (0, 0):
+                break
+        except ChildProcessError:
+            break
+
+
+class Supervisor:
+    """This process's side: the channel to the pool and the calls' children."""
+
+    def __init__(self):
+        self.channel_in = os.dup(0)
+        self.channel_out = os.dup(1)
+        os.set_inheritable(self.channel_in, False)
+        os.set_inheritable(self.channel_out, False)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.close(null)
+        os.dup2(2, 1)  # the user's prints land on stderr, never on the channel
+        sys.stdout = sys.stderr
+        self.pending = b""
+        self.functions: dict[str, Callable] = {}
+        _prctl(PR_SET_CHILD_SUBREAPER, 1)
+
+    def requests(self):
+        """Request dicts as they arrive; ends when the pool closes the channel (or dies)."""
+        while True:
+            while b"\n" not in self.pending:
+                if len(self.pending) > MAX_REQUEST_BYTES:
+                    return
+                data = os.read(self.channel_in, 1 << 20)
+                if not data:
+                    return
+                self.pending += data
+            line, _, self.pending = self.pending.partition(b"\n")
+            yield json.loads(line)
+
+    def answer(self, answer: dict) -> None:
+        data = (json.dumps(answer) + "\n").encode()
+        while data:
+            data = data[os.write(self.channel_out, data):]
+
+    def call(self, fn: Callable, kwargs: dict, timeout_s: float, memory_bytes: int) -> dict:
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(r)
+            _child(fn, kwargs, w, memory_bytes, os.getppid())
+        os.close(w)
+        try:
+            return self._collect(pid, r, timeout_s)
+        finally:
+            os.close(r)
+
+    def _collect(self, pid: int, r: int, timeout_s: float) -> dict:
+        deadline = time.monotonic() + timeout_s
+        pidfd = os.pidfd_open(pid)
+        buf, status, outcome, eof = bytearray(), None, None, False
+        try:
+            while outcome is None and status is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    outcome = _error("timeout", f"timeout after {timeout_s:.1f} s")
+                    break
+                ready, _, _ = select.select([pidfd, self.channel_in] + ([] if eof else [r]), [], [], left)
+                if self.channel_in in ready:
+                    data = os.read(self.channel_in, 1 << 20)
+                    if not data:  # the pool is gone: take the call down with us
+                        kill_descendants()
+                        os._exit(0)
+                    self.pending += data
+                if r in ready:
+                    data = os.read(r, 65536)
+                    eof = not data
+                    buf += data
+                    if len(buf) > MAX_RESULT_BYTES:
+                        outcome = _error("stray_output", f"over {MAX_RESULT_BYTES} bytes on the result pipe")
+                if pidfd in ready:
+                    status = os.waitpid(pid, 0)[1]
+        finally:
+            os.close(pidfd)
+        if status is None:
+            os.kill(pid, signal.SIGKILL)
+            status = os.waitpid(pid, 0)[1]
+        kill_descendants()  # nothing the call started survives it; every writer of r is gone
+        while outcome is None and len(buf) <= MAX_RESULT_BYTES:
+            data = os.read(r, 65536)
+            if not data:
+                break
+            buf += data
+        if outcome is not None:
+            return outcome
+        if len(buf) > MAX_RESULT_BYTES:
+            return _error("stray_output", f"over {MAX_RESULT_BYTES} bytes on the result pipe")
+        return _verdict(bytes(buf), status)
+
+
+def _verdict(data: bytes, status: int) -> dict:
+    """The answer the call's pipe and exit status amount to (see the module docstring)."""
+    frames = []
+    for line in data.split(b"\n"):
+        if not line.strip():
+            continue
+        try:
+            frame = json.loads(line)
+        except ValueError:
+            return _error("stray_output", f"unexpected bytes on the result pipe: {line[:60]!r}")
+        if not isinstance(frame, dict):
+            return _error("stray_output", f"unexpected data on the result pipe: {line[:60]!r}")
+        frames.append(frame)
+    if any(f.get("forked") for f in frames):
+        return _error("forked", "a process the reward function forked returned from it "
+                      "(one call, two answers)")
+    if not frames:
+        if os.WIFSIGNALED(status):
+            sig = os.WTERMSIG(status)
+            return _error("crashed", f"the call died of signal {sig} ({signal.Signals(sig).name})")
+        code = os.waitstatus_to_exitcode(status)
+        return _error("exited", f"the call exited with code {code} without a result")
+    if len(frames) > 1:
+        return _error("stray_output", f"{len(frames)} results for one call")
+    frame = frames[0]
+    if frame.get("ok") is True:
+        value = frame.get("value")
+        try:
+            if not isinstance(value, dict) or not isinstance(value.get("metrics"), dict):
+                raise TypeError("not a reward/metrics pair")
+            return {"ok": True, "value": normalise({**value["metrics"], "reward": value["reward"]})}
+        except (TypeError, ValueError, KeyError) as e:
+            return _error("stray_output", f"a malformed result on the result pipe ({e})")
+    if frame.get("ok") is False and isinstance(frame.get("reason"), str) \
+            and isinstance(frame.get("error"), str):
+        return _error(frame["reason"][:40], frame["error"])
+    return _error("stray_output", "a malformed result on the result pipe")
+
+
+def main() -> None:
+    sup = Supervisor()
+    for request in sup.requests():
+        rid = request.get("id") if isinstance(request, dict) else None
+        try:
+            if "check" in request:  # load the function only (RewardPool.check)
+                sup.functions[request["check"]] = resolve(request["check"])
+                answer = {"ok": True, "value": None}
+            else:
+                spec = request["fn"]
+                if spec not in sup.functions:
+                    sup.functions[spec] = resolve(spec)
+                answer = sup.call(sup.functions[spec], request.get("kwargs", {}),
+                                  float(request["timeout_s"]), int(request.get("memory_bytes") or 0))
+        except Exception as e:  # noqa: BLE001 - an import failure is the request's error, not ours
+            answer = _error("load", f"{type(e).__name__}: {e}")
+        sup.answer({"id": rid, **answer})
+    kill_descendants()
 
 
 if __name__ == "__main__":

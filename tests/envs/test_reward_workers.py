@@ -1,0 +1,118 @@
+"""Reward functions that fork, write to stray descriptors, crash, exit, allocate, return junk or leave
+processes behind: each call scores 0 with its reason, the next call's reward lands on its own
+completion, and nothing the function started outlives the call or the pool.
+
+One real pool (``envs.rewards.RewardPool``, real worker processes) serves every case; the function
+(``hostile_rewards:hostile``) does what the row's ``do`` says."""
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from envs.rewards import RewardPool
+
+HERE = Path(__file__).parent
+
+
+@pytest.fixture(scope="module")
+def pool():
+    mp = pytest.MonkeyPatch()
+    mp.syspath_prepend(str(HERE))  # the workers inherit the trainer's import path
+    pool = RewardPool("hostile_rewards:hostile", workers=1, timeout_s=3.0, memory_bytes=1024**3)
+    try:
+        pool.check()
+        yield pool
+    finally:
+        pool.close()
+        mp.undo()
+
+
+def _score(pool, **task):
+    return pool.score(completion="x", answer=None, prompt="p", task=task)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _wait_dead(pids: list[int], within_s: float = 5.0) -> list[int]:
+    deadline = time.monotonic() + within_s
+    while any(map(_alive, pids)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return [p for p in pids if _alive(p)]
+
+
+def test_a_reward_that_forks_scores_zero_and_later_rewards_land_on_their_own_completions(pool):
+    results = [_score(pool, do="forks", r=0.1), _score(pool, r=0.9), _score(pool, r=0.5), _score(pool, r=0.7)]
+    # Before: the forked copy kept serving requests: [0.1, 0.1, 0.9, 0.9].
+    assert [r.reward for r in results] == [0.0, 0.9, 0.5, 0.7]
+    assert results[0].reason == "forked" and "forked" in results[0].error
+    assert all(r.reason is None for r in results[1:])
+
+
+def test_writes_to_every_descriptor_cannot_forge_a_reward(pool):
+    results = [_score(pool, do="writes_everywhere", r=0.1), _score(pool, r=0.5), _score(pool, r=0.7)]
+    # Before: a forged answer on the worker's inherited channel scored 1e6.
+    assert [r.reward for r in results] == [0.0, 0.5, 0.7]
+    assert results[0].reason == "stray_output"
+
+
+@pytest.mark.parametrize("task,reason", [
+    ({"do": "segfaults"}, "crashed"),
+    ({"do": "exits"}, "exited"),
+    ({"do": "allocates", "bytes": 20 * 1024**3}, "memory"),  # 20 GB against the 1 GiB limit
+    ({"do": "returns", "kind": "nan"}, "bad_return"),
+    ({"do": "returns", "kind": "text"}, "bad_return"),
+    ({"do": "returns", "kind": "huge"}, "bad_return"),
+    ({"do": "returns", "kind": "bool"}, "bad_return"),
+    ({"do": "returns", "kind": "no_reward"}, "bad_return"),
+])
+def test_each_failure_scores_zero_with_its_reason_and_the_pool_recovers(pool, task, reason):
+    bad = _score(pool, r=1.0, **task)
+    assert (bad.reward, bad.reason) == (0.0, reason), bad
+    assert bad.error and not bad.timed_out
+    assert _score(pool, r=0.25).reward == 0.25
+    assert _score(pool, do="allocates", bytes=10 * 1024**2, r=0.5).reward == 0.5  # within the limit
+
+
+def test_processes_a_call_starts_die_with_the_call(pool, tmp_path):
+    pids_file = tmp_path / "pids"
+    r = _score(pool, do="leaves_children", r=0.75, pids_file=str(pids_file))
+    assert r.reward == 0.75 and r.reason is None
+    pids = [int(p) for p in pids_file.read_text().split()]
+    assert len(pids) == 2 and _wait_dead(pids) == []  # a setsid'd child and a double-forked daemon
+    # The same after a timeout: the call, its child and its daemon are all killed.
+    t0 = time.monotonic()
+    r = _score(pool, do="leaves_children", hang=True, r=1.0, pids_file=str(pids_file))
+    assert r.timed_out and r.reason == "timeout" and time.monotonic() - t0 < 6
+    assert _wait_dead([int(p) for p in pids_file.read_text().split()]) == []
+    assert _score(pool, r=0.5).reward == 0.5  # the same worker serves on: no re-import
+
+
+def test_closing_the_pool_kills_a_running_call_and_everything_it_started(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(HERE))
+    pool = RewardPool("hostile_rewards:hostile", workers=1, timeout_s=60)
+    pids_file = tmp_path / "pids"
+    done = {}
+    thread = threading.Thread(target=lambda: done.update(r=_score(
+        pool, do="leaves_children", hang=True, r=1.0, pids_file=str(pids_file))))
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not (pids_file.exists() and len(pids_file.read_text().split()) == 2):
+            assert time.monotonic() < deadline, "the call never started its children"
+            time.sleep(0.05)
+        worker_pids = [w.proc.pid for w in pool._all]
+    finally:
+        pool.close()
+    thread.join(10)
+    assert done["r"].reward == 0.0 and done["r"].reason == "worker_died"
+    assert _wait_dead([*map(int, pids_file.read_text().split()), *worker_pids]) == []
+    assert os.path.exists(pids_file)
