@@ -176,17 +176,23 @@ def test_a_fork_bomb_in_one_sandbox_leaves_another_able_to_fork():
     with Sandbox(bomb_limits) as bombed, Sandbox(SandboxLimits(wall_seconds=10)) as innocent:
         assert bombed.uid != innocent.uid
         results = {}
-        thread = threading.Thread(target=lambda: results.setdefault("bomb", bombed.run(
-            "bomb() { bomb | bomb & }; bomb; sleep 10")))
+        # Holds every process it can and keeps asking for more (a shell bomb's processes churn).
+        bombed.write_file("bomb.py", "import os, time\nwhile True:\n    try:\n        if os.fork() == 0:\n"
+                          "            time.sleep(30)\n            os._exit(0)\n"
+                          "    except OSError:\n        time.sleep(0.001)\n")
+        thread = threading.Thread(target=lambda: results.setdefault("bomb", bombed.run("python3 bomb.py")))
         thread.start()
         try:
-            for _ in range(100):  # wait until the bomb holds its whole budget
+            for _ in range(250):  # wait until the bomb holds its whole budget
                 if len(bombed.cgroup.pids()) >= 16:
                     break
                 time.sleep(0.02)
+            full = len(bombed.cgroup.pids())
             r = innocent.run("for i in 1 2 3 4 5 6 7 8 9 10; do sleep 0.1 & done; wait; echo forked")
+            still = len(bombed.cgroup.pids())
         finally:
             thread.join()
+        assert full >= 16 and still >= 16, (full, still)  # the bomb held its budget throughout
         assert r.ok and r.output == "forked\n", r.output
         assert results["bomb"].timed_out
         assert bombed.cgroup.pids() == [] and uid_processes(bombed.uid) == []
