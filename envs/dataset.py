@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from convert.tokenizer import special_token_ids
 from envs.base import Environment, Episode, StepResult, Task, register_env
 from envs.chat import Chat
 from envs.rewards import RewardPool, RewardResult, check_reward_spec
@@ -69,7 +70,52 @@ def load_rows(path: str):
     return datasets.Dataset.from_json(path)
 
 
-class _ReplyEpisode(Episode):
+def prompt_messages(prompt, system_prompt: str | None = None, *, where: str = "dataset") -> list[dict]:
+    """A row's prompt as chat messages: text becomes one user turn, a list of ``{role, content}``
+    messages is used as is; ``system_prompt`` goes first unless the row has its own."""
+    if isinstance(prompt, str):
+        messages = [{"role": "user", "content": prompt}]
+    elif isinstance(prompt, list) and all(isinstance(m, dict) and "role" in m for m in prompt):
+        messages = [dict(m) for m in prompt]
+    else:
+        raise ValueError(f"{where}: the prompt is neither text nor a list of {{role, content}} messages")
+    if system_prompt and messages[0]["role"] != "system":
+        messages.insert(0, {"role": "system", "content": system_prompt})
+    return messages
+
+
+def render_prompt(chat: Chat | None, messages: list[dict], chat_template_kwargs: dict | None = None) -> str:
+    """The text the model continues: the chat template's rendering with the generation prompt, or
+    (no template: the character tokenizer of the local runs) the turns' text, one per line."""
+    if chat is not None:
+        return chat.render(messages, add_generation_prompt=True, **(chat_template_kwargs or {}))
+    return "".join(m["content"] + "\n" for m in messages)
+
+
+def longest_prompt(tokenizer, options: dict[str, Any], chat_template_kwargs: dict | None = None) -> int:
+    """The most tokens a prompt of the training file (``options.path``) takes, every row rendered
+    as the episodes render it (the chat template, the system prompt): what the batch-shape check
+    (``trainer_jax.batch_shape``) budgets for. One pass over the prompt column; the rows stay
+    loaded (``load_rows`` is cached) for the environment that follows."""
+    check_options(options)
+    path, key = str(options["path"]), options.get("prompt_key", "prompt")
+    rows = load_rows(path)
+    if key not in rows.column_names:
+        raise ValueError(f"dataset {path}: no column {key!r}; columns: {rows.column_names}")
+    if len(rows) == 0:
+        raise ValueError(f"dataset {path} has no rows")
+    chat = Chat.from_tokenizer(tokenizer)
+    if chat is None and special_token_ids(tokenizer).get("eos") is None:
+        raise ValueError("dataset: the tokenizer has neither a chat template nor an <eos> token")
+    system = options.get("system_prompt")
+    texts = [render_prompt(chat, prompt_messages(p, system, where=f"dataset {path}"), chat_template_kwargs)
+             for p in rows[key]]
+    if chat is not None:
+        return max(len(e.ids) for e in tokenizer.encode_batch(texts, add_special_tokens=False))
+    return 1 + max(len(e.ids) for e in tokenizer.encode_batch(texts))  # <bos> first
+
+
+class ReplyEpisode(Episode):
     """One reply ending at a stop token; the reward is the trainer's (``DatasetTasks.score``)."""
 
     def __init__(self, prompt: list[int], stops: tuple[int, ...]):
@@ -144,31 +190,23 @@ class DatasetTasks(Environment):
         return Task(task_id, self.name, {"row": self.row_index(draw)})
 
     def messages(self, row: dict) -> list[dict]:
-        prompt = row[self.prompt_key]
-        if isinstance(prompt, str):
-            messages = [{"role": "user", "content": prompt}]
-        elif isinstance(prompt, list) and all(isinstance(m, dict) and "role" in m for m in prompt):
-            messages = [dict(m) for m in prompt]
-        else:
-            raise ValueError(f"dataset {self.path}: {self.prompt_key!r} is neither text nor a list of "
-                             "{role, content} messages")
-        if self.system_prompt and messages[0]["role"] != "system":
-            messages.insert(0, {"role": "system", "content": self.system_prompt})
-        return messages
+        return prompt_messages(row[self.prompt_key], self.system_prompt,
+                               where=f"dataset {self.path}: {self.prompt_key!r}")
 
     def prompt_text(self, row: dict) -> str:
-        messages = self.messages(row)
-        if self.chat is not None:
-            return self.chat.render(messages, add_generation_prompt=True, **self.chat_template_kwargs)
-        # No template (the char tokenizer of the local runs): the turns' text, one per line.
-        return "".join(m["content"] + "\n" for m in messages)
+        return render_prompt(self.chat, self.messages(row), self.chat_template_kwargs)
+
+    def longest_prompt(self) -> int:
+        """The longest prompt of the training rows in tokens (``longest_prompt``)."""
+        options = {"path": self.path, "prompt_key": self.prompt_key, "system_prompt": self.system_prompt}
+        return longest_prompt(self.tokenizer, options, self.chat_template_kwargs)
 
     def start(self, task: Task) -> Episode:
         row = self.rows[int(task.payload["row"])]
         text = self.prompt_text(row)
         if self.chat is not None:
-            return _ReplyEpisode(self.chat.encode(text), self.chat.stop_ids)
-        return _ReplyEpisode([self.bos] + self.encode(text), (self.eos,))
+            return ReplyEpisode(self.chat.encode(text), self.chat.stop_ids)
+        return ReplyEpisode([self.bos] + self.encode(text), (self.eos,))
 
     def score(self, task: Task, generated: list[int]) -> RewardResult:
         row = self.rows[int(task.payload["row"])]

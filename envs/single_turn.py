@@ -42,7 +42,8 @@ class SingleTurnEnv(Environment):
         super().__init__(tokenizer, difficulty)
         if self.bos is None or self.eos is None:
             raise ValueError(f"{self.name}: needs a tokenizer with <bos> and <eos> (the character "
-                             "tokenizer); with a model's own tokenizer use env: dataset")
+                             "tokenizer); with a model's own tokenizer use env: chat_math (arithmetic "
+                             "word problems through its chat template) or env: dataset")
 
     def _problem(self, payload: dict) -> tuple[str, str]:
         raise NotImplementedError
@@ -50,6 +51,17 @@ class SingleTurnEnv(Environment):
     def start(self, task: Task) -> Episode:
         prompt, answer = self._problem(task.payload)
         return AnswerEpisode(self, prompt, answer)
+
+    def longest_prompt(self) -> int:
+        """The most prompt tokens a task can have (``trainer_jax.batch_shape`` budgets rows by it):
+        the longest prompt of ``_extreme_payloads()``."""
+        return max(len(self.start(Task("longest", self.name, p)).prompt) for p in self._extreme_payloads())
+
+    def _extreme_payloads(self) -> list[dict]:
+        """Payloads with the longest prompts. Default: 16 drawn tasks, right for environments
+        whose prompt length does not depend on the draw (``reverse``, ``chain``); others override."""
+        rng = np.random.default_rng(0)
+        return [self.sample_task(rng, "longest").payload for _ in range(16)]
 
     def demonstration(self, task: Task) -> tuple[list[int], list[int]]:
         prompt, answer = self._problem(task.payload)
@@ -69,6 +81,10 @@ class Arithmetic(SingleTurnEnv):
         ops = "+-*" if self.difficulty >= 2 else "+-"
         a, b = (int(x) for x in rng.integers(0, hi, 2))
         return Task(task_id, self.name, {"a": a, "b": b, "op": str(rng.choice(list(ops)))})
+
+    def _extreme_payloads(self) -> list[dict]:
+        top = 10 ** self.difficulty - 1  # operands of every digit
+        return [{"a": top, "b": top, "op": op} for op in "+-*"]
 
     def _problem(self, payload: dict) -> tuple[str, str]:
         a, b, op = int(payload["a"]), int(payload["b"]), payload["op"]

@@ -64,6 +64,9 @@ def main(argv: list[str] | None = None) -> int:
         overrides.append(f"run.steps={args.steps}")
     try:
         cfg = load_config(args.config, overrides)
+        from trainer_jax.batch_shape import check_config
+
+        check_config(cfg)  # a batch shape that drops samples, before JAX is imported
     except ConfigError as e:
         console.print(f"[red]error:[/red] {e}", highlight=False)
         return 2

@@ -36,7 +36,7 @@ from mixrl_wire.recipes import BACKENDS
 from trainer_jax.batching import Sample, pack
 from trainer_jax.calibration import Calibrator, fp8_kv_formats, group_kv_pairs
 from trainer_jax.checkpoint import Checkpointer
-from trainer_jax.config import RunConfig
+from trainer_jax.config import ConfigError, RunConfig
 from trainer_jax.diagnostics import CollapseAlarms, MetricsSink, alarm_settle_steps, plot_run
 from trainer_jax.evaluation import FleetEvaluator
 from trainer_jax.faults import during, fault_point
@@ -51,7 +51,7 @@ from trainer_jax.progress import StepProgress
 from trainer_jax.publisher import Publisher, snapshot
 from trainer_jax.resume import StorageError, continue_versions, storage_failure, trim_metrics
 from trainer_jax.samplers import LocalSamplers
-from trainer_jax.service.auth import generate_token
+from trainer_jax.service.auth import TokenError, generate_token, read_token_file, write_token_file
 from trainer_jax.service.server import RolloutService
 from trainer_jax.service.tasks import build_task_source
 from trainer_jax.sft import warm_start
@@ -82,18 +82,23 @@ def set_aside_previous_run(run_dir: Path) -> Path | None:
 
 class Trainer:
     def __init__(self, cfg: RunConfig, *, resume: bool = False, console: Console | None = None,
-                 lockstep: Lockstep | None = None, mesh: Mesh | None = None):
+                 lockstep: Lockstep | None = None, mesh: Mesh | None = None, tokenizer=None):
         self.cfg = cfg
         self.mesh = mesh if mesh is not None else make_mesh(cfg.mesh)
         self.console = console or Console(soft_wrap=True)  # one line per message, as cli.py's
         self.lockstep = lockstep or Lockstep()
         self.leader = self.lockstep.leader  # process 0: the service, samplers, files, metrics
         self.run_dir = Path(cfg.run.dir).absolute()
+        self.tokenizer = tokenizer  # None: loaded in _setup
         if self.leader:
+            # Read before the set-aside: a token file inside the run directory keeps its token.
+            self.token_file, self.token = self._token(resume)
             if not resume and (aside := set_aside_previous_run(self.run_dir)) is not None:
                 self.console.print(f"an earlier run in {self.run_dir} was moved to {aside} "
                                    "(--resume continues a run instead)")
             self.run_dir.mkdir(parents=True, exist_ok=True)
+            # service.token_file: an existing file wins (samplers may already hold its token).
+            self.token = write_token_file(self.token_file, self.token, replace=not cfg.service.token_file)
         self.resume = resume
         self.group_names = [g.name for g in cfg.groups]
         self.samplers = LocalSamplers(cfg, self.run_dir)
@@ -103,13 +108,32 @@ class Trainer:
 
     # ------------------------------------------------------------------ setup
 
+    def _token(self, resume: bool) -> tuple[Path, str]:
+        """The bearer token and its file. ``service.token_file``: the file's token when it exists,
+        else a new one (written there, 0600, by ``__init__``), so spawned samplers, samplers that
+        join by address and a resumed run share it. Without it: ``<run>/token``, fresh per run and
+        kept by ``--resume`` (samplers that joined by address re-register with it)."""
+        if self.cfg.service.token_file:
+            path = Path(self.cfg.service.token_file).absolute()
+            try:
+                return path, read_token_file(path) or generate_token()
+            except TokenError as e:
+                raise ConfigError(f"service.token_file: {e}") from None
+        path = self.run_dir / "token"
+        try:
+            kept = read_token_file(path) if resume else None
+        except TokenError:
+            kept = None
+        return path, kept or generate_token()
+
     def _setup(self) -> None:
         cfg, run = self.cfg, self.run_dir
         if self.lockstep.multi:  # the others open the run directory once process 0 has set it up
             from jax.experimental import multihost_utils
 
             multihost_utils.sync_global_devices("mixrl-train: run directory ready")
-        self.tokenizer = load_tokenizer(cfg.model.hf_dir) if cfg.model.hf_dir else char_tokenizer()
+        if self.tokenizer is None:
+            self.tokenizer = load_tokenizer(cfg.model.hf_dir) if cfg.model.hf_dir else char_tokenizer()
         self.tokenizer_dir = run / "tokenizer"
         if self.leader:
             save_tokenizer_files(self.tokenizer, self.tokenizer_dir)  # the source's files, unchanged
@@ -174,17 +198,10 @@ class Trainer:
         self.console.print(f"warm start: {len(losses)} steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}")
 
     def _start_service(self) -> None:
-        self.token_file = self.run_dir / "token"
-        # A resumed run keeps the token, so samplers that joined by address can re-register.
-        resumed = self.resume and self.token_file.is_file() and self.token_file.read_text().strip()
-        token = resumed or generate_token()
-        fd = os.open(self.token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(token)
         source = self.sync or self.source
-        self.service = RolloutService.from_config(self.cfg, token=token, source=source).start()
+        self.service = RolloutService.from_config(self.cfg, token=self.token, source=source).start()
         self.evaluator = FleetEvaluator(self.cfg, self.eval_source, self.service)
-        self.console.print(f"rollout service on {self.service.address}")
+        self.console.print(f"rollout service on {self.service.address} (bearer token in {self.token_file})")
 
     def _start_samplers(self, paths: dict[str, Path]) -> None:
         self.samplers.start(self.service.address, self.token_file, paths)
@@ -192,6 +209,11 @@ class Trainer:
                            f"({self.samplers.describe()})")
         self.samplers.wait_registered(lambda: len(self.service.status()["samplers"]),
                                       self.cfg.train.sampler_start_timeout_s)
+        from trainer_jax.service.sessions import describe_device
+
+        for s in self.service.status()["samplers"]:  # what each computes on, as it registered
+            self.console.print(f"sampler {s['name']} ({s['group']}): "
+                               f"{describe_device(s['device'], s['recipe'].get('name'))}")
 
     def weight_formats(self) -> list[str]:
         """The config's formats, plus the preferred one of each sampler that loads none of them."""
@@ -480,13 +502,26 @@ class Trainer:
 
 
 def train(cfg: RunConfig, *, resume: bool = False, console: Console | None = None) -> dict:
+    from trainer_jax.batch_shape import check_tasks
     from trainer_jax.parallel.distributed import init_distributed
 
+    console = console or Console(soft_wrap=True)
+    # Before jax.distributed, a checkpoint or the run directory: the tasks with the run's tokenizer
+    # (an environment it cannot serve, a dataset's longest prompt against the batch shape) and a
+    # token file that cannot be read; each one line (ConfigError).
+    tokenizer = load_tokenizer(cfg.model.hf_dir) if cfg.model.hf_dir else char_tokenizer()
+    if warning := check_tasks(cfg, tokenizer):
+        console.print(f"[yellow]warning:[/yellow] {warning}", highlight=False)
+    try:
+        if cfg.service.token_file:
+            read_token_file(cfg.service.token_file)
+    except TokenError as e:
+        raise ConfigError(f"service.token_file: {e}") from None
     init_distributed(cfg.distributed)  # before anything touches a device
     mesh = make_mesh(cfg.mesh)
     check_layout(cfg, mesh)  # before the run directory is touched
     lockstep = Lockstep(cfg.distributed.heartbeat_timeout_s)
-    trainer = Trainer(cfg, resume=resume, console=console, lockstep=lockstep, mesh=mesh)
+    trainer = Trainer(cfg, resume=resume, console=console, lockstep=lockstep, mesh=mesh, tokenizer=tokenizer)
     if lockstep.watch is not None and lockstep.leader:  # a lost peer: take the samplers down too
         lockstep.watch.on_lost.append(lambda _line: trainer.samplers.stop(grace_s=2.0))
     return trainer.run()

@@ -112,6 +112,9 @@ class TrainConfig(_Strict):
     # Rematerialisation per decoder layer: none | full | a jax.checkpoint_policies name.
     remat: str = "none"
     max_tokens: int = Field(1024, gt=0)
+    # A shape that drops samples when replies run to their limit (trainer_jax.batch_shape) is an
+    # error at start unless this is set; then it is one warning line with the share dropped.
+    allow_drop: bool = False
     support_k: int = Field(64, gt=0)
     episode_tokens: int = Field(160, gt=0)  # token budget of a multi-turn episode
     take_timeout_s: float = Field(600.0, gt=0)

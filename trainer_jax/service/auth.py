@@ -11,6 +11,7 @@ from __future__ import annotations
 import hmac
 import os
 import secrets
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -48,6 +49,64 @@ def resolve_token(token_file: str | os.PathLike | None = None, env: dict | None 
     if not token:
         raise TokenError(f"no bearer token: set {TOKEN_ENV} or pass --token-file (service.token_file)")
     return token
+
+
+def read_token_file(path: str | os.PathLike) -> str | None:
+    """The token in ``path``, or None when there is no such file; ``TokenError`` (one line) when
+    the file exists but cannot be read or holds only whitespace: a run must not start with a
+    token its samplers cannot match."""
+    path = Path(path)
+    if not path.exists():
+        return None
+    try:
+        token = path.read_text().strip()
+    except (OSError, UnicodeDecodeError) as e:
+        raise TokenError(f"token file {path}: {getattr(e, 'strerror', None) or e}") from None
+    if not token:
+        raise TokenError(f"token file {path} is empty (delete it to have a new token generated)")
+    return token
+
+
+def write_token_file(path: str | os.PathLike, token: str, *, replace: bool = True) -> str:
+    """Write ``token`` to ``path`` (mode 0600, parent directories created) through a temporary
+    file in the same directory, so a reader sees the whole token or no file, never a part.
+
+    ``replace=False``: an existing file wins (two writers racing: both return the one on disk).
+    Returns the token the file holds afterwards.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)  # mode 0600
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(token + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        if replace:
+            os.replace(tmp, path)
+            return token
+        try:
+            os.link(tmp, path)  # atomic create-if-absent
+        except FileExistsError:
+            existing = read_token_file(path)
+            if existing is None:  # removed in between: take the place
+                os.replace(tmp, path)
+                return token
+            return existing
+        except OSError:  # no hard links on this filesystem: the last writer wins
+            os.replace(tmp, path)
+        return token
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def ensure_token_file(path: str | os.PathLike) -> str:
+    """The token of ``path`` when the file exists, else a fresh one written there (0600): how
+    ``mixrl-train`` honours ``service.token_file``, so samplers started before the trainer, spawned
+    ones and a resumed run all use the same secret."""
+    token = read_token_file(path)
+    return token if token is not None else write_token_file(path, generate_token(), replace=False)
 
 
 def _abort_handler(handler: grpc.RpcMethodHandler, code: grpc.StatusCode,
