@@ -26,7 +26,7 @@ from convert.tokenizer import TOOL_TAGS
 from envs.base import Environment, Episode, StepResult, Task, register_env
 from envs.chat import Chat
 from envs.jail_files import JailFileError, read_jail_text
-from envs.sandbox import Sandbox, SandboxLimits
+from envs.sandbox import Sandbox, SandboxLimits, check_jail_support
 from envs.tool_calls import ChatToolEpisode
 from envs.untrusted import escape_added_tokens, run_untrusted
 
@@ -40,7 +40,7 @@ class ToolEpisode(Episode):
         self.prompt = [env.bos] + env.encode(task.payload["question"] + "\n")
         tid = env.tokenizer.token_to_id
         self.stop_token_ids = (tid(TOOL_CLOSE), tid(SUBMIT_CLOSE), env.eos)
-        self.sandbox = Sandbox(env.limits, allow_unisolated=env.allow_unisolated)
+        self.sandbox = env.new_sandbox(task)
         for name, content in task.payload["files"].items():
             self.sandbox.write_file(name, content)
         self.turns = 0
@@ -96,8 +96,11 @@ class ShellTasks(Environment):
 
     def __init__(self, tokenizer, difficulty: int = 1, *, max_turns: int = 4, max_observation_chars: int = 48,
                  limits: SandboxLimits | None = None, allow_unisolated: bool = False,
-                 families: tuple[str, ...] | None = None):
+                 families: tuple[str, ...] | None = None, allow_unbounded_memory: bool = False):
         super().__init__(tokenizer, difficulty)
+        # No cgroup to bound a sandbox's memory and processes: one line now, unless opted out.
+        check_jail_support(allow_unbounded_memory, allow_unisolated=allow_unisolated)
+        self.allow_unbounded_memory = allow_unbounded_memory
         self.chat = Chat.from_tokenizer(tokenizer)
         missing = [t for t in TOOL_TAGS if tokenizer.token_to_id(t) is None]
         if missing and self.chat is None:
@@ -106,6 +109,13 @@ class ShellTasks(Environment):
         self.limits = limits or SandboxLimits(wall_seconds=2.0, cpu_seconds=2)
         self.allow_unisolated = allow_unisolated
         self.families = tuple(families or self.families)
+
+    def new_sandbox(self, task: Task) -> Sandbox:
+        """An episode's sandbox. The memory opt-out travels with the task: a sampler builds its
+        copy of the environment with defaults."""
+        return Sandbox(self.limits, allow_unisolated=self.allow_unisolated,
+                       allow_unbounded_memory=self.allow_unbounded_memory
+                       or bool(task.payload.get("allow_unbounded_memory")))
 
     def sample_task(self, rng: np.random.Generator, task_id: str) -> Task:
         family = str(rng.choice(list(self.families)))
@@ -129,6 +139,8 @@ class ShellTasks(Environment):
                        "solution": f"echo {word} > out.txt"}
         # Episode rules travel with the task: the sampler's copy of the environment may be built
         # with defaults.
+        if self.allow_unbounded_memory:
+            payload["allow_unbounded_memory"] = True
         payload.update(family=family, max_turns=self.max_turns,
                        max_observation_chars=self.max_observation_chars)
         if self.chat is not None:

@@ -18,7 +18,6 @@ import numpy as np
 
 from envs.base import Episode, StepResult, Task
 from envs.chat import Chat
-from envs.sandbox import Sandbox
 from envs.untrusted import escape_added_tokens, run_untrusted
 
 if TYPE_CHECKING:
@@ -75,7 +74,7 @@ class ChatToolEpisode(Episode):
         self.prompt = chat.encode(chat.render(messages, add_generation_prompt=True, tools=TOOLS,
                                               **self.kwargs))
         self.stop_token_ids = chat.stop_ids
-        self.sandbox = Sandbox(env.limits, allow_unisolated=env.allow_unisolated)
+        self.sandbox = env.new_sandbox(task)
         for name, content in task.payload["files"].items():
             self.sandbox.write_file(name, content)
         self.turns = self.toolless = 0

@@ -150,3 +150,28 @@ def test_refusal_is_one_line_and_the_opt_out_works(monkeypatch):
         assert "not root" in sbx.jail_problem()
     finally:
         os.seteuid(0)
+
+
+def test_shell_env_refuses_without_cgroups_and_runs_rlimits_only_when_told(monkeypatch):
+    if not sbx.sandbox_available() or sbx.detect() is None:
+        pytest.skip("needs root, namespaces and cgroups (to take the cgroups away)")
+    import numpy as np
+
+    from convert.tokenizer import char_tokenizer
+    from envs import make_env
+
+    tok = char_tokenizer()
+    monkeypatch.setenv("MIXRL_SANDBOX_CGROUP", "cgroup.procs/x")
+    sbx.cgroup_version.cache_clear()
+    try:
+        with pytest.raises(sbx.SandboxUnavailable, match="allow_unbounded_memory: true"):
+            make_env("shell", tok)
+        env = make_env("shell", tok, allow_unbounded_memory=True, families=("write",))
+        task = env.sample_task(np.random.default_rng(0), "t0")
+        assert task.payload["allow_unbounded_memory"] is True  # travels to the sampler's default env
+        with env.start(task) as ep:
+            assert ep.sandbox.cgroup is None and ep.sandbox.uid >= 200_000
+            assert ep.sandbox.run("id -u; echo ok > out.txt; cat out.txt").output == f"{ep.sandbox.uid}\nok\n"
+    finally:
+        monkeypatch.delenv("MIXRL_SANDBOX_CGROUP")
+        sbx.cgroup_version.cache_clear()
