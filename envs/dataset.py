@@ -17,6 +17,7 @@ and scores the decoded reply with the reward in its worker pool.
 from __future__ import annotations
 
 import functools
+import os
 from pathlib import Path
 from typing import Any
 
@@ -26,10 +27,11 @@ from convert.tokenizer import special_token_ids
 from envs.base import Environment, Episode, StepResult, Task, register_env
 from envs.chat import Chat
 from envs.rewards import RewardPool, RewardResult, check_reward_spec
+from envs.sandbox import ALLOW_UNBOUNDED_ENV, SandboxUnavailable, check_jail_support
 
 SUFFIXES = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 OPTIONS = ("path", "prompt_key", "answer_key", "system_prompt", "reward", "reward_timeout_s",
-           "reward_workers", "shuffle_seed", "eval_path")
+           "reward_workers", "shuffle_seed", "eval_path", "allow_unbounded_memory")
 
 
 def check_options(options: dict[str, Any]) -> None:
@@ -50,6 +52,14 @@ def check_options(options: dict[str, Any]) -> None:
     if not isinstance(options.get("prompt_key", "prompt"), str):
         raise ValueError("dataset: options.prompt_key must be a column name")
     check_reward_spec(options.get("reward", "exact"))
+    if not isinstance(options.get("allow_unbounded_memory", False), bool):
+        raise ValueError("dataset: options.allow_unbounded_memory must be true or false, "
+                         f"got {options['allow_unbounded_memory']!r}")
+    if options.get("reward") == "code":  # its sandbox needs a cgroup, or the explicit opt-out
+        try:
+            check_jail_support(options.get("allow_unbounded_memory") is True)
+        except SandboxUnavailable as e:
+            raise ValueError(f"dataset: reward code: {e}") from None
     timeout = options.get("reward_timeout_s", 10.0)
     if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
         raise ValueError(f"dataset: options.reward_timeout_s must be a number > 0, got {timeout!r}")
@@ -136,7 +146,7 @@ class DatasetTasks(Environment):
     def __init__(self, tokenizer, difficulty: int = 1, *, path: str | None = None, prompt_key: str = "prompt",
                  answer_key: str | None = None, system_prompt: str | None = None, reward: str = "exact",
                  reward_timeout_s: float = 10.0, reward_workers: int = 2, shuffle_seed: int = 0,
-                 eval_path: str | None = None):
+                 eval_path: str | None = None, allow_unbounded_memory: bool = False):
         super().__init__(tokenizer, difficulty)
         if path is None:
             # What a sampler sees building the environment by name: it generates from the task's
@@ -144,7 +154,9 @@ class DatasetTasks(Environment):
             raise ValueError("dataset tasks are built and scored on the trainer (the rows stay there); "
                              "samplers generate from the task's prompt ids")
         options = {k: v for k, v in dict(path=path, eval_path=eval_path, reward=reward,
-                                           reward_timeout_s=reward_timeout_s).items() if v is not None}
+                                           reward_timeout_s=reward_timeout_s,
+                                           allow_unbounded_memory=allow_unbounded_memory).items()
+                   if v is not None}
         check_options(options)
         self.path, self.eval_path = str(path), eval_path
         self.prompt_key, self.answer_key, self.system_prompt = prompt_key, answer_key, system_prompt
@@ -156,6 +168,8 @@ class DatasetTasks(Environment):
                              f"columns: {self.rows.column_names}")
         if len(self.rows) == 0:
             raise ValueError(f"dataset {self.path} has no rows")
+        if allow_unbounded_memory:  # the reward workers' sandboxes read it from their environment
+            os.environ[ALLOW_UNBOUNDED_ENV] = "1"
         self.reward = RewardPool(reward, workers=reward_workers, timeout_s=reward_timeout_s)
         try:
             self.reward.check()  # a misspelt module or function: one line now, not zeros all run

@@ -175,3 +175,26 @@ def test_shell_env_refuses_without_cgroups_and_runs_rlimits_only_when_told(monke
     finally:
         monkeypatch.delenv("MIXRL_SANDBOX_CGROUP")
         sbx.cgroup_version.cache_clear()
+
+
+def test_code_reward_dataset_refuses_at_load_without_cgroups(monkeypatch, tmp_path):
+    if not sbx.sandbox_available() or sbx.detect() is None:
+        pytest.skip("needs root, namespaces and cgroups (to take the cgroups away)")
+    from envs.dataset import check_options
+
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"prompt": "p", "tests": ["assert f() == 1"]}\n')
+    check_options({"path": str(rows), "reward": "code"})  # cgroups here: fine
+    monkeypatch.setenv("MIXRL_SANDBOX_CGROUP", "cgroup.procs/x")
+    sbx.cgroup_version.cache_clear()
+    try:
+        with pytest.raises(ValueError, match="^dataset: reward code: sandbox: no usable cgroup") as e:
+            check_options({"path": str(rows), "reward": "code"})
+        assert "\n" not in str(e.value)
+        check_options({"path": str(rows), "reward": "code", "allow_unbounded_memory": True})
+        check_options({"path": str(rows), "reward": "exact"})  # no sandbox, no check
+        with pytest.raises(ValueError, match="must be true or false"):
+            check_options({"path": str(rows), "reward": "code", "allow_unbounded_memory": "yes"})
+    finally:
+        monkeypatch.delenv("MIXRL_SANDBOX_CGROUP")
+        sbx.cgroup_version.cache_clear()
