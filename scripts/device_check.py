@@ -1,12 +1,19 @@
-"""The GPU check of issue 17, part by part; ``scripts/device_check.sh`` runs it.
+"""The GPU check of issues 17 and 30, part by part; ``scripts/device_check.sh`` runs them all.
 
-    python scripts/device_check.py jax [--tiny]     # (a) train step, (b) pallas linear log-sum-exp
+    python scripts/device_check.py kernels [--tiny] [--registry PATH]  # (b) fused kernels vs reference
+    python scripts/device_check.py jax [--tiny]     # (a) train step with the kernels auto picks
     python scripts/device_check.py torch [--tiny]   # (c) torch fp8 _scaled_mm linear vs bf16
+    python scripts/device_check.py train [--tiny]   # (d) mixrl-train, trainer + a sampler on one GPU
 
 Each prints one JSON object. The JAX and torch parts run as separate processes so neither
-framework's allocator holds GPU memory while the other is measured (and the JAX part, like the
-trainer, never imports torch). ``--tiny`` shrinks every shape so the parts run on a CPU in
+framework's allocator holds GPU memory while the other is measured (and the JAX parts, like the
+trainer, never import torch). ``--tiny`` shrinks every shape so the parts run on a CPU in
 seconds (the test suite runs it); its figures mean nothing.
+
+(b) ``device_check_kernels.py``: every fused kernel ``auto`` may pick on this platform against
+the reference, each result recorded in the checked-kernel registry (``--registry``, else
+``$MIXRL_CHECKED_KERNELS``, else -- but never for ``--tiny`` -- the package's
+``trainer_jax/kernels/checked.json``). (d) ``device_check_train.py``.
 
 (a) A random Qwen3-0.6B-shape model (hidden 1,024, 28 layers, 16 query / 8 KV heads, head_dim
 128, vocabulary 151,936), bf16 compute over fp32 parameters and AdamW state, full remat, rows of
@@ -25,6 +32,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling parts
 
 # Dense bf16 tensor-core peak (TFLOP/s, no sparsity) by device name, for MFU.
 PEAK_BF16_TFLOPS = {"H200": 989.0, "H100 SXM": 989.0, "H100 80GB HBM3": 989.0, "H100 PCIe": 756.0,
@@ -78,6 +86,7 @@ def train_step_check(tiny: bool, attention_impl: str | None, remat: str) -> dict
     from flax import nnx
 
     from convert.qwen3_config import Qwen3Config
+    from trainer_jax.kernels.checked import describe_choice
     from trainer_jax.kernels.linear_logsumexp import linear_logsumexp
     from trainer_jax.kernels.linear_logsumexp.names import resolve_impl
     from trainer_jax.models import init_model
@@ -87,7 +96,7 @@ def train_step_check(tiny: bool, attention_impl: str | None, remat: str) -> dict
     model = init_model(cfg, dtype=jnp.bfloat16, param_dtype=jnp.float32,
                        attention_impl=attention_impl, remat=remat)
     optimizer = nnx.Optimizer(model, optax.adamw(1e-5), wrt=nnx.Param)
-    # The loss kernel the trainer's ``objective.impl: auto`` picks here; (b) checks pallas alone.
+    # The kernels the trainer's ``auto`` picks here: what (b) recorded as checked, else XLA.
     lse_impl = resolve_impl("auto")
     rng = np.random.default_rng(0)
     ids = jnp.asarray(rng.integers(0, cfg.vocab_size, (rows, seq)), jnp.int32)
@@ -122,40 +131,14 @@ def train_step_check(tiny: bool, attention_impl: str | None, remat: str) -> dict
     out = {"model": "tiny" if tiny else "qwen3-0.6b-shape", "rows": rows, "seq_len": seq,
            "dtype": "bfloat16 compute, float32 params and AdamW state", "remat": remat,
            "attention_impl": attention_impl or "auto", "lse_impl": lse_impl,
+           "auto": [describe_choice("attention", attention_impl or "auto"),
+                    describe_choice("linear_logsumexp", "auto")],
            "device": name, "first_loss": first_loss, "compile_and_first_step_s": compile_s,
            "step_s": {"min": best, "median": median, "max": max(times)},
            "tokens_per_s_median": tokens / median, "model_tflops_per_step": flops / 1e12,
            "peak_bf16_tflops": peak,
            "mfu_median": None if peak is None else flops / median / (peak * 1e12)}
     return out
-
-
-def lse_check(tiny: bool) -> dict:
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
-
-    # One definition of how the kernel is checked and timed: the kernel package's own helpers.
-    from trainer_jax.kernels.linear_logsumexp.device_check import _grads, _max_rel, _time
-
-    n, d, v = (64, 32, 300) if tiny else (8192, 1024, 151_936)
-    k1, k2, k3 = jax.random.split(jax.random.key(0), 3)
-    h = (jax.random.normal(k1, (n, d)) / np.sqrt(d)).astype(jnp.bfloat16)
-    w = jax.random.normal(k2, (d, v)).astype(jnp.bfloat16)
-    g = jax.random.normal(k3, (n,))
-    with jax.default_matmul_precision("highest"):
-        h32, w32 = h.astype(jnp.float32), w.astype(jnp.float32)
-        (rdh, rdw), (rl, _) = _grads("reference", h32, w32, g, 1.0)(h32, w32)
-    pallas = _grads("pallas", h, w, g, 1.0)
-    (dh, dw), (lse, _) = pallas(h, w)
-    matmul = jax.jit(lambda h, w: jnp.dot(h, w, preferred_element_type=jnp.float32))
-    t_mm, t_pallas = _time(matmul, h, w), _time(pallas, h, w)
-    return {"shape": [n, d, v], "dtype": "bfloat16",
-            "max_rel_err_vs_reference": {"lse": _max_rel(lse, rl), "dh": _max_rel(dh, rdh),
-                                         "dw": _max_rel(dw, rdw)},
-            "matmul_s": t_mm, "pallas_fwd_bwd_s": t_pallas,
-            "pallas_fwd_bwd_over_matmul": t_pallas / t_mm,
-            "note": "fwd+bwd is five matmul-equivalents (1 forward, 2 for dh, 2 for dw)"}
 
 
 def fp8_linear_check(tiny: bool) -> dict:
@@ -204,18 +187,41 @@ def _guarded(fn, *args) -> dict:
         return {"error": f"{type(e).__name__}: {e}"[:2000]}
 
 
+def registry_path(arg: str | None, tiny: bool) -> str | None:
+    """Where (b) records its results: the flag, the env var, else the package's file -- except
+    for ``--tiny``, whose toy-shape runs never touch the repository's file unless told to."""
+    import os
+
+    if arg or os.environ.get("MIXRL_CHECKED_KERNELS"):
+        return arg or os.environ["MIXRL_CHECKED_KERNELS"]
+    if tiny:
+        return None
+    from trainer_jax.kernels.checked import REGISTRY
+
+    return str(REGISTRY)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("part", choices=["jax", "torch"])
+    ap.add_argument("part", choices=["kernels", "jax", "torch", "train"])
     ap.add_argument("--tiny", action="store_true", help="tiny shapes (a CPU smoke run)")
     ap.add_argument("--attention", default=None, help="attention impl for (a) (default: auto)")
     ap.add_argument("--remat", default="full")
+    ap.add_argument("--registry", default=None, help="checked-kernel file (b) writes (see above)")
+    ap.add_argument("--timeout", type=float, default=150.0, help="(d): seconds for the whole run")
     args = ap.parse_args()
-    if args.part == "jax":
-        report = {"train_step": _guarded(train_step_check, args.tiny, args.attention, args.remat),
-                  "linear_logsumexp": _guarded(lse_check, args.tiny)}
-    else:
+    if args.part == "kernels":
+        from device_check_kernels import run as kernels
+
+        report = {"kernels": _guarded(kernels, args.tiny, registry_path(args.registry, args.tiny))}
+    elif args.part == "jax":
+        report = {"train_step": _guarded(train_step_check, args.tiny, args.attention, args.remat)}
+    elif args.part == "torch":
         report = {"fp8_linear": _guarded(fp8_linear_check, args.tiny)}
+    else:
+        from device_check_train import run as train
+
+        report = {"mixrl_train": _guarded(train, args.tiny, args.timeout)}
     print(json.dumps(report))
 
 
