@@ -71,8 +71,9 @@ class ChatMath(Environment):
         if op == "-" and a < b:
             a, b = b, a
         template, name = int(rng.integers(len(PROBLEMS[op]))), int(rng.integers(len(NAMES)))
-        return Task(task_id, self.name, self._payload(self._question(a, b, op, template, name),
-                                                      {"+": a + b, "-": a - b, "*": a * b}[op]))
+        answer = {"+": a + b, "-": a - b, "*": a * b}[op]
+        payload = self._payload(self._question(a, b, op, template, name), answer)
+        return Task(task_id, self.name, {**payload, "a": a, "b": b, "op": op})
 
     def _payload(self, question: str, answer: int) -> dict[str, Any]:
         return {"question": question, "answer": str(answer), "system_prompt": self.system_prompt,
