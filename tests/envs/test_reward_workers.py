@@ -9,10 +9,12 @@ import os
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from envs.rewards import RewardPool
+from trainer_jax.service.tasks import RewardLedger
 
 HERE = Path(__file__).parent
 
@@ -116,3 +118,15 @@ def test_closing_the_pool_kills_a_running_call_and_everything_it_started(tmp_pat
     assert done["r"].reward == 0.0 and done["r"].reason == "worker_died"
     assert _wait_dead([*map(int, pids_file.read_text().split()), *worker_pids]) == []
     assert os.path.exists(pids_file)
+
+
+def test_failures_reach_the_step_metrics_by_reason(pool):
+    results = [_score(pool, do="forks", r=0.1), _score(pool, do="segfaults"), _score(pool, do="forks", r=0.1),
+               _score(pool, r=0.5)]
+    ledger = RewardLedger()
+    trajs = [SimpleNamespace(task_id=1, sample_index=i, group="g") for i in range(len(results))]
+    for t, r in zip(trajs, results, strict=True):
+        ledger.put((1, t.sample_index), r)
+    m = ledger.metrics(trajs)
+    assert m["reward/errors/forked"] == 2 and m["reward/errors/crashed"] == 1 and m["reward_errors"] == 3
+    assert not any(k.startswith("reward/errors/") for k in ledger.metrics(trajs))  # read once

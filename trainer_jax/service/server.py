@@ -31,9 +31,10 @@ from mixrl_wire import BULK_CHANNEL_OPTIONS, SERVICE_NAME, pb, pb_grpc
 from mixrl_wire.fastpath import WireTrajectory, decode_trajectory
 from trainer_jax.config import RunConfig, ServiceConfig
 from trainer_jax.service.auth import BearerTokenInterceptor, server_credentials
-from trainer_jax.service.buffer import TrajectoryBuffer, TrajectoryGroup
+from trainer_jax.service.buffer import TrajectoryGroup
 from trainer_jax.service.router import Router
 from trainer_jax.service.scheduler import Duplicate, Rejected, Scheduler
+from trainer_jax.service.scoring import ScoringBuffer
 from trainer_jax.service.tasks import TaskSource, TaskSpec, build_task_source
 from trainer_jax.service.validation import ValidationError, validate_trajectory
 from trainer_jax.service.weights import WeightRegistry
@@ -166,7 +167,8 @@ class RolloutService:
         self.vocab_size = int(vocab_size)
         self.listen = listen or cfg.listen
         self.server_id = f"{int(time.time()):x}-{threading.get_native_id():x}-{id(self) & 0xffff:x}"
-        self.buffer = TrajectoryBuffer(cfg.buffer.max_trajectories, cfg.buffer.max_bytes)
+        # Slow trainer-side rewards are scored off the RPC threads (trainer_jax.service.scoring).
+        self.buffer = ScoringBuffer(cfg.buffer.max_trajectories, cfg.buffer.max_bytes, source=source)
         self.router = Router(cfg.router)
         self.scheduler = Scheduler(source, self.buffer, self.router, cfg, self.vocab_size)
         self.weights = WeightRegistry()
@@ -255,6 +257,7 @@ class RolloutService:
         self.weights.close()
         if self._server is not None:
             self._server.stop(grace).wait()
+        self.buffer.close()
         for t in self._threads:
             t.join(timeout=2.0)
 
@@ -287,8 +290,11 @@ class RolloutService:
 
         Raises ``TimeoutError`` if they are not all in within ``timeout`` seconds.
         """
+        deadline = time.monotonic() + timeout
         ids = self.scheduler.add_evaluation(specs)
-        return self.scheduler.wait_evaluation(ids, timeout)
+        groups = self.scheduler.wait_evaluation(ids, timeout)
+        self.buffer.wait_scored(groups, max(0.0, deadline - time.monotonic()))
+        return groups
 
     def status(self) -> dict:
         """Everything a dashboard or the training loop's metrics want, as plain data."""
@@ -349,10 +355,13 @@ class RolloutService:
                 sched.count_rejection(msg.session_id, e.field)
                 ack.code, ack.reason = _code(grpc.StatusCode.INVALID_ARGUMENT), str(e)
                 return ack
-            score = self.source.score(spec, record)
-            if score is not None:
-                record.reward = float(score)
-            sched.finish_submit(msg, record, session)
+            if self.buffer.scores_slowly(spec):
+                self._commit_then_score(msg, record, session, spec)
+            else:  # an in-process check of the tokens (or none): as cheap as the validation
+                score = self.source.score(spec, record)
+                if score is not None:
+                    record.reward = float(score)
+                sched.finish_submit(msg, record, session)
         except Duplicate:
             ack.duplicate = True
         except Rejected as e:
@@ -363,6 +372,21 @@ class RolloutService:
             log.exception("submit failed")
             ack.code, ack.reason = _code(grpc.StatusCode.INTERNAL), f"internal error: {type(e).__name__}"
         return ack
+
+    def _commit_then_score(self, msg, record, session, spec: TaskSpec) -> None:
+        """Commit a sample whose reward takes a worker call, and score it on a scoring thread:
+        the RPC thread never waits for a reward function (``ScoringBuffer``)."""
+        if not self.buffer.hold(record):
+            with self.scheduler.lock:
+                self.scheduler.totals["backpressure"] += 1
+            raise Rejected(grpc.StatusCode.RESOURCE_EXHAUSTED, "",
+                           f"{self.buffer.capacity} samples wait for their rewards: retry later")
+        try:
+            self.scheduler.finish_submit(msg, record, session)
+        except BaseException:
+            self.buffer.release(record)
+            raise
+        self.buffer.score_later(spec, record)
 
     # ---------------------------------------------------------------- construction
 

@@ -21,7 +21,7 @@ import numpy as np
 from convert.tokenizer import char_tokenizer, source_dir
 from envs import Environment, Task, make_env
 from envs.base import split_finish_reason
-from envs.rewards import RewardResult
+from envs.rewards import RewardPool, RewardResult
 from envs.tool_calls import turn_stats
 from mixrl_wire.sampling import SamplingParams
 
@@ -161,6 +161,13 @@ class EnvTaskSource:
             return result.reward
         return result
 
+    def scores_slowly(self, spec: TaskSpec) -> bool:
+        """Whether ``score`` calls a reward function in a worker process (a dataset's reward):
+        the rollout service then scores the sample off its RPC threads (``service.scoring``)."""
+        env = spec.private[1] if isinstance(spec.private, tuple) else None
+        pool = getattr(env, "reward", None)
+        return bool(env is not None and env.single_turn and isinstance(pool, RewardPool))
+
     def metrics(self, groups) -> dict[str, float]:
         """Diagnostics of a step's ``TrajectoryGroup`` s the service cannot see on its own:
         reward-function failures and timeouts per sampler group with the mean of each numeric key
@@ -226,6 +233,11 @@ class RewardLedger:
                 sums[k].append(v)
         values["reward_errors"] = float(sum(_is_error(r) for _, r in found))
         values["reward_timeouts"] = float(sum(r.timed_out for _, r in found))
+        # Failures by reason (envs.rewards.RewardResult.reason: timeout, exception, memory, crashed,
+        # forked, stray_output, bad_return, ...): which way the reward function fails.
+        reasons = collections.Counter(r.reason or ("timeout" if r.timed_out else "error")
+                                      for _, r in found if r.timed_out or r.error is not None)
+        values.update({f"reward/errors/{k}": float(n) for k, n in sorted(reasons.items())})
         values.update({f"reward/{k}": float(np.mean(v)) for k, v in sums.items()})
         return values
 
