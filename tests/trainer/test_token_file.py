@@ -36,7 +36,7 @@ tasks: {env: arithmetic, group_size: 2, sampling: {temperature: 1.0, head_k: 4, 
 service: {listen: "127.0.0.1:PORT", token_file: TOKEN}
 groups:
   - {name: ext, recipe: bf16, spawn: false}
-train: {prompts_per_step: 1, publish_every: 1, checkpoint_every: 1, eval_every: 0, eval_tasks: 0,
+train: {prompts_per_step: 1, publish_every: 1, checkpoint_every: 1000, eval_every: 0, eval_tasks: 0,
         rows: 2, row_len: 32, max_tokens: 32, support_k: 4, episode_tokens: 32, take_timeout_s: 240}
 """
 
