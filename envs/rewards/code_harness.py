@@ -37,7 +37,9 @@ import ast
 import dataclasses
 import json
 import math
+import os
 import secrets
+import time
 from typing import Any
 
 _DEPTH = 64
@@ -306,9 +308,14 @@ os._exit(0)
 def run_tests(program: str, tests: str | list, *, wall_seconds: float = 5.0, cpu_seconds: int = 5) -> dict:
     """``{"reward": 1.0 if every test passes else 0.0, "tests_passed": fraction}`` of ``program``
     against the row's ``tests``, run in a fresh sandbox."""
+    from envs.rewards.worker import DEADLINE_ENV
     from envs.sandbox import Sandbox, SandboxLimits
 
     imports, cases = parse_tests(tests)  # a bad row is an error before any sandbox starts
+    deadline = os.environ.get(DEADLINE_ENV)  # the reward call's own timeout: end the sandbox first
+    if deadline:
+        wall_seconds = max(0.5, min(wall_seconds, float(deadline) - time.time() - 1.0))
+        cpu_seconds = max(1, min(cpu_seconds, math.ceil(wall_seconds)))
     nonce = "@@mixrl-" + secrets.token_hex(8)
     limits = SandboxLimits(wall_seconds=wall_seconds, cpu_seconds=cpu_seconds, max_output_bytes=512 * 1024)
     with Sandbox(limits) as box:

@@ -55,6 +55,9 @@ MAX_METRICS = 32
 MAX_KEY_CHARS = 100
 MAX_REQUEST_BYTES = 64 * 1024**2
 PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER = 1, 36
+TERM_GRACE_S = 1.0
+#: Where a call's child finds its deadline (time.time() seconds), for rewards that start sandboxes.
+DEADLINE_ENV = "MIXRL_REWARD_DEADLINE"
 
 
 def resolve(spec: str) -> Callable:
@@ -114,12 +117,21 @@ def _report(fd: int, frame: dict) -> None:
         data = data[os.write(fd, data):]
 
 
-def _child(fn: Callable, kwargs: dict, out: int, memory_bytes: int, supervisor: int) -> None:
+def _terminate(signum, frame):
+    raise SystemExit(f"the call ran past its timeout (signal {signum})")
+
+
+def _child(fn: Callable, kwargs: dict, out: int, memory_bytes: int, supervisor: int,
+           timeout_s: float) -> None:
     """Run the function once and report on ``out``; never returns (``os._exit``)."""
     try:
         _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
         if os.getppid() != supervisor:  # the supervisor died before the death signal was set
             os._exit(1)
+        # At the timeout the supervisor sends SIGTERM first: the call unwinds (a sandbox's close()
+        # runs) before the SIGKILL; and a reward that starts a sandbox can fit it in the time left.
+        signal.signal(signal.SIGTERM, _terminate)
+        os.environ[DEADLINE_ENV] = repr(time.time() + timeout_s)
         os.closerange(3, out)
         os.closerange(out + 1, os.sysconf("SC_OPEN_MAX"))
         if memory_bytes:
@@ -176,6 +188,21 @@ def _children(pid: int) -> list[int]:
             except (OSError, ValueError, IndexError):
                 continue
         return found
+
+
+def _stop(pid: int) -> int:
+    """SIGTERM, up to ``TERM_GRACE_S`` to unwind, then SIGKILL; the call's wait status."""
+    try:
+        os.kill(pid, signal.SIGTERM)
+        pidfd = os.pidfd_open(pid)
+        try:
+            select.select([pidfd], [], [], TERM_GRACE_S)
+        finally:
+            os.close(pidfd)
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    return os.waitpid(pid, 0)[1]
 
 
 def kill_descendants() -> None:
@@ -243,7 +270,7 @@ class Supervisor:
         pid = os.fork()
         if pid == 0:
             os.close(r)
-            _child(fn, kwargs, w, memory_bytes, os.getppid())
+            _child(fn, kwargs, w, memory_bytes, os.getppid(), timeout_s)
         os.close(w)
         try:
             return self._collect(pid, r, timeout_s)
@@ -278,8 +305,7 @@ class Supervisor:
         finally:
             os.close(pidfd)
         if status is None:
-            os.kill(pid, signal.SIGKILL)
-            status = os.waitpid(pid, 0)[1]
+            status = _stop(pid)
         kill_descendants()  # nothing the call started survives it; every writer of r is gone
         while outcome is None and len(buf) <= MAX_RESULT_BYTES:
             data = os.read(r, 65536)

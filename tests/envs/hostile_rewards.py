@@ -74,8 +74,19 @@ def leaves_children(task):
     return float(task["r"])
 
 
+def cleans_up(task):
+    """Sleeps past its timeout; its ``finally`` (a sandbox's close()) must still run."""
+    try:
+        time.sleep(300)
+    finally:
+        with open(task["marker"], "w") as f:
+            f.write("closed")
+    return 1.0
+
+
 BEHAVIOURS = {"plain": plain, "forks": forks, "writes_everywhere": writes_everywhere, "segfaults": segfaults,
-              "allocates": allocates, "exits": exits, "returns": returns, "leaves_children": leaves_children}
+              "allocates": allocates, "exits": exits, "returns": returns, "leaves_children": leaves_children,
+              "cleans_up": cleans_up}
 
 
 def hostile(*, completion, answer, prompt, task):

@@ -5,9 +5,11 @@ Every case runs the real harness in the real sandbox (root + namespaces); each a
 1.0 when the tests were appended to the solution and graded by exit status."""
 
 import json
+import time
 
 import pytest
 
+from envs.rewards import RewardPool
 from envs.rewards.builtin import code_reward
 from envs.rewards.code_harness import Case, decode, grade, parse_tests
 from envs.sandbox import sandbox_available
@@ -100,6 +102,19 @@ def test_right_solutions_score_one_and_partial_ones_count_their_tests():
     program = ("def f(x):\n    return [(1, [2.5, None], {'k': {3}}, b'x', frozenset()), 3, None, True,\n"
                "            False, 2, 0.1 + 0.2, 2.001][x]\n")
     assert _score(program, forms) == {"reward": 1.0, "tests_passed": 1.0}
+
+
+@needs_sandbox
+def test_the_sandbox_ends_within_the_reward_calls_own_timeout(monkeypatch):
+    pool = RewardPool("code", workers=1, timeout_s=2.5)
+    try:
+        loop = "```python\nwhile True:\n    pass\n```"
+        t0 = time.monotonic()
+        r = pool.score(completion=loop, answer=None, prompt="", task={"tests": TESTS})
+        # The sandbox's 5 s was cut to fit the call's 2.5 s: a plain 0, not a killed call.
+        assert (r.reward, r.reason, r.timed_out) == (0.0, None, False) and time.monotonic() - t0 < 10
+    finally:
+        pool.close()
 
 
 def test_tests_are_split_so_the_expected_values_stay_outside():

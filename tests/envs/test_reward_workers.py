@@ -96,6 +96,9 @@ def test_processes_a_call_starts_die_with_the_call(pool, tmp_path):
     assert r.timed_out and r.reason == "timeout" and time.monotonic() - t0 < 6
     assert _wait_dead([int(p) for p in pids_file.read_text().split()]) == []
     assert _score(pool, r=0.5).reward == 0.5  # the same worker serves on: no re-import
+    # A call past its timeout is asked to stop first: its finally blocks (a sandbox's close()) run.
+    r = _score(pool, do="cleans_up", marker=str(tmp_path / "closed"))
+    assert r.reason == "timeout" and (tmp_path / "closed").read_text() == "closed"
 
 
 def test_closing_the_pool_kills_a_running_call_and_everything_it_started(tmp_path, monkeypatch):
