@@ -45,7 +45,7 @@ import time
 import weakref
 from pathlib import Path
 
-from envs.jail.cgroups import DEFAULT_PARENT, CgroupError, SandboxCgroup, detect
+from envs.jail.cgroups import DEFAULT_PARENT, CgroupError, SandboxCgroup, detect, remove_stale
 from envs.jail.uids import UidLease, UidsExhausted, kill_uid
 
 _LAUNCHER = Path(__file__).with_name("seccomp_launch.py")
@@ -146,8 +146,11 @@ class _Held:
     lease: UidLease | None = None
     cgroup: SandboxCgroup | None = None
     mounted: bool = False
+    owner: int = dataclasses.field(default_factory=os.getpid)
 
     def release(self) -> None:
+        if os.getpid() != self.owner:
+            return  # a forked child exiting (its copy of the finalizer): the sandbox is its parent's
         if self.cgroup is not None:
             self.cgroup.kill()
         if self.lease is not None:
@@ -169,6 +172,13 @@ def _clean_after(previous: str) -> None:
         return
     _libc().umount2(str(base / "work").encode(), MNT_DETACH)
     shutil.rmtree(base, ignore_errors=True)
+
+
+def _reclaim(uid: int, previous: str) -> None:
+    """Everything a dead owner of ``uid`` left: its directory and mount, and its cgroups."""
+    _clean_after(previous)
+    if cgroup_version() is not None:
+        remove_stale(f"sb-{uid}")
 
 
 @functools.cache
@@ -214,6 +224,7 @@ class Sandbox:
         self.uid = lease.uid
         _clean_after(lease.previous)
         lease.record(str(self._held.base))
+        lease.reclaim_orphans(_reclaim)
         if cgroup_version() is not None:
             self.cgroup = self._held.cgroup = SandboxCgroup(
                 f"sb-{lease.uid}", memory_bytes=lim.memory_bytes, max_pids=lim.max_processes + INIT_PIDS)

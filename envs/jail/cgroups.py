@@ -163,7 +163,30 @@ class SandboxCgroup:
                 except OSError as e:
                     if e.errno != errno.EBUSY:
                         break  # ENOTEMPTY on a plain directory (a test's fake tree): leave it
-                    time.sleep(0.01)
+                    self._kill_dir(directory, 0.1)  # something joined or is still exiting
+
+
+def remove_stale(name: str, *, root: Path = CGROUP_ROOT, parent: str | None = None) -> None:
+    """Empty and delete the cgroup(s) ``name`` a dead owner left behind, if there are any."""
+    found = detect(root)
+    if found is None:
+        return
+    parent = (parent or os.environ.get("MIXRL_SANDBOX_CGROUP") or DEFAULT_PARENT).strip("/")
+    for mount in found[1].values():
+        directory = mount / parent / name
+        if directory.is_dir():
+            deadline = time.monotonic() + 2.0
+            while (pids := _pids(directory)) and time.monotonic() < deadline:
+                for pid in pids:
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                time.sleep(0.002)
+            try:
+                directory.rmdir()
+            except OSError:
+                pass
 
 
 def _read_int(path: Path) -> int:

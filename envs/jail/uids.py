@@ -15,6 +15,7 @@ from __future__ import annotations
 import fcntl
 import os
 import signal
+from collections.abc import Callable
 from pathlib import Path
 
 DEFAULT_BASE, DEFAULT_COUNT = 200_000, 1024
@@ -73,6 +74,35 @@ class UidLease:
         if self._fd is not None:
             os.ftruncate(self._fd, 0)
             os.pwrite(self._fd, note.encode(), 0)
+
+    def reclaim_orphans(self, clean: Callable[[int, str], None]) -> int:
+        """Clean up after every holder that died without releasing (its note is still in its lock
+        file, and the lock is free): kill what runs as its uid, ``clean(uid, note)``, clear the note.
+        Called by each new sandbox, so a dead owner's mounts and directories do not wait for its
+        uid to come round again. Returns how many it reclaimed."""
+        reclaimed = 0
+        for entry in os.scandir(self.lock_dir):
+            try:
+                uid = int(entry.name.removesuffix(".lock"))
+                if uid == self.uid or not entry.name.endswith(".lock") or entry.stat().st_size == 0:
+                    continue
+                fd = os.open(entry.path, os.O_RDWR | os.O_CLOEXEC)
+            except (ValueError, OSError):
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue  # a live sandbox
+            try:
+                note = os.pread(fd, 4096, 0).decode(errors="replace").strip()
+                kill_uid(uid)
+                clean(uid, note)
+                os.ftruncate(fd, 0)
+                reclaimed += 1
+            finally:
+                os.close(fd)
+        return reclaimed
 
     def release(self) -> None:
         """Give the uid back (idempotent); call after everything running as it is dead."""

@@ -172,7 +172,7 @@ def test_disk_fill_stops_at_the_writable_area_size():
 
 
 def test_a_fork_bomb_in_one_sandbox_leaves_another_able_to_fork():
-    bomb_limits = SandboxLimits(wall_seconds=4, cpu_seconds=4, max_processes=16)
+    bomb_limits = SandboxLimits(wall_seconds=60, cpu_seconds=30, max_processes=16)
     with Sandbox(bomb_limits) as bombed, Sandbox(SandboxLimits(wall_seconds=10)) as innocent:
         assert bombed.uid != innocent.uid
         results = {}
@@ -183,7 +183,7 @@ def test_a_fork_bomb_in_one_sandbox_leaves_another_able_to_fork():
         thread = threading.Thread(target=lambda: results.setdefault("bomb", bombed.run("python3 bomb.py")))
         thread.start()
         try:
-            for _ in range(250):  # wait until the bomb holds its whole budget
+            for _ in range(1000):  # wait until the bomb holds its whole budget
                 if len(bombed.cgroup.pids()) >= 16:
                     break
                 time.sleep(0.02)
@@ -191,10 +191,11 @@ def test_a_fork_bomb_in_one_sandbox_leaves_another_able_to_fork():
             r = innocent.run("for i in 1 2 3 4 5 6 7 8 9 10; do sleep 0.1 & done; wait; echo forked")
             still = len(bombed.cgroup.pids())
         finally:
+            bombed.cgroup.kill()  # end the bomb now rather than at its wall clock
             thread.join()
         assert full >= 16 and still >= 16, (full, still)  # the bomb held its budget throughout
         assert r.ok and r.output == "forked\n", r.output
-        assert results["bomb"].timed_out
+        assert not results["bomb"].ok
         assert bombed.cgroup.pids() == [] and uid_processes(bombed.uid) == []
 
 
@@ -207,7 +208,7 @@ _OWNER = textwrap.dedent("""
 """)
 
 
-def test_the_jail_dies_with_its_owner_and_the_next_holder_cleans_up(monkeypatch):
+def test_the_jail_dies_with_its_owner_and_the_next_sandbox_cleans_up():
     owner = subprocess.Popen([sys.executable, "-c", _OWNER], stdout=subprocess.PIPE, text=True,
                              cwd=Path(__file__).parents[2])
     try:
@@ -229,8 +230,8 @@ def test_the_jail_dies_with_its_owner_and_the_next_holder_cleans_up(monkeypatch)
     finally:
         owner.kill()
         owner.wait()
-    monkeypatch.setenv("MIXRL_SANDBOX_UID_BASE", str(uid))
-    monkeypatch.setenv("MIXRL_SANDBOX_UID_COUNT", "1")
-    with Sandbox() as sb:
-        assert sb.uid == uid and not Path(base).exists()
-        assert f"{base}/work" not in Path("/proc/self/mountinfo").read_text()
+    with Sandbox() as sb:  # any new sandbox reclaims what a dead owner left, whatever its uid
+        assert not Path(base).exists() and f"{base}/work" not in Path("/proc/self/mountinfo").read_text()
+        cgroups = [Path(f"/sys/fs/cgroup/{c}/mixrl-sandbox/sb-{uid}") for c in ("memory", "pids")]
+        assert not any(d.exists() for d in cgroups)
+        assert sb.run("echo ok").ok
