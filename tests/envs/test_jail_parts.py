@@ -198,3 +198,20 @@ def test_code_reward_dataset_refuses_at_load_without_cgroups(monkeypatch, tmp_pa
     finally:
         monkeypatch.delenv("MIXRL_SANDBOX_CGROUP")
         sbx.cgroup_version.cache_clear()
+
+
+def test_shell_config_refused_at_load_without_cgroups(monkeypatch):
+    if not sbx.sandbox_available() or sbx.detect() is None:
+        pytest.skip("needs root, namespaces and cgroups (to take the cgroups away)")
+    from trainer_jax.config.run import TasksConfig
+
+    monkeypatch.setenv("MIXRL_SANDBOX_CGROUP", "cgroup.procs/x")
+    sbx.cgroup_version.cache_clear()
+    try:
+        with pytest.raises(ValueError, match="shell env: sandbox: no usable cgroup"):
+            TasksConfig(env="shell")
+        TasksConfig(env="mix", mix=[{"env": "shell", "options": {"allow_unbounded_memory": True}}])
+    finally:
+        monkeypatch.delenv("MIXRL_SANDBOX_CGROUP")
+        sbx.cgroup_version.cache_clear()
+    TasksConfig(env="shell")  # cgroups back: accepted

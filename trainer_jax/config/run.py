@@ -193,6 +193,14 @@ class TasksConfig(_Strict):
                 from envs.dataset import check_options
 
                 check_options(m.options)
+            if m.env == "shell":  # no jail here (not root, no cgroup): one line now, not at an episode
+                from envs.sandbox import SandboxUnavailable, check_jail_support
+
+                try:
+                    check_jail_support(m.options.get("allow_unbounded_memory") is True,
+                                       allow_unisolated=m.options.get("allow_unisolated") is True)
+                except SandboxUnavailable as e:
+                    raise ValueError(f"shell env: {e}") from None
         return self
 
     def mix_entries(self) -> list[MixEntry]:
