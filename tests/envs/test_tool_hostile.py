@@ -231,3 +231,43 @@ def test_finish_reason_carries_counted_errors_to_the_trainer():
     assert env_error_metrics(groups) == {"env/shell/errors/long_command": 3.0,
                                          "env/shell/errors/file_symlink": 1.0,
                                          "env/shell/errors/exception": 1.0}
+
+
+class _ScriptedEngine:
+    """An engine whose every episode says the same turns: a command over the limit, then a submit."""
+
+    def __init__(self, turns):
+        self.turns, self.calls = turns, 0
+
+    def generate(self, prompts, params):
+        ids = self.turns[min(self.calls, len(self.turns) - 1)]
+        self.calls += 1
+        return [types.SimpleNamespace(token_ids=list(ids), logprobs=[-0.5] * len(ids),
+                                      logprobs_full=[-0.5] * len(ids), versions=[0] * len(ids), head_ids=[],
+                                      head_logprobs=[], support_ids=None) for _ in prompts]
+
+
+@needs_sandbox
+def test_counted_errors_ride_the_wire_to_the_trainers_metrics(shell):
+    """The sampler loop runs a real shell episode; its counted reason reaches the trainer's
+    metrics through the trajectory's wire bytes."""
+    from mixrl_wire import pb
+    from mixrl_wire.encoder import encode_trajectory
+    from mixrl_wire.fastpath import parse_trajectory
+    from sampler_torch.loop import LoopConfig, SamplerLoop
+    from trainer_jax.service.tasks import env_error_metrics
+
+    task = _write_task(shell)
+    with shell.start(task) as ep:
+        prompt = list(ep.prompt)
+    leased = pb.Task(lease_id="l", task_id=7, sample_indices=[0], group_size=1, prompt_ids=prompt,
+                     env="shell", payload=json.dumps(task.payload).encode(),
+                     sampling=pb.SamplingParams(temperature=1.0, top_p=1.0, head_k=0, max_new_tokens=90_000))
+    engine = _ScriptedEngine([_tool("echo " + "a" * 70_000), _submit("done")])
+    loop = SamplerLoop(client=None, engine=engine, cfg=LoopConfig(episode_tokens=200_000), tokenizer=TOK)
+    (rec,) = loop._generate([(leased, 0)])
+    assert rec["finish_reason"] == "submitted;long_command" and rec["reward"] == 0.0
+    wire = parse_trajectory(bytes(encode_trajectory(leased, 0, **rec).data))
+    group = types.SimpleNamespace(task=types.SimpleNamespace(env="shell"),
+                                  trajectories=[types.SimpleNamespace(finish_reason=wire.finish_reason)])
+    assert env_error_metrics([group]) == {"env/shell/errors/long_command": 1.0}
