@@ -140,6 +140,16 @@ def test_a_nul_byte_in_a_command_is_refused_as_an_observation(chat_shell):
         assert not r.done
         assert "the command contains a NUL byte; refused" in chat_shell.tokenizer.decode(r.observation)
         assert ep.errors == {"nul_command": 1}
+        # JSON can also spell a lone surrogate, which no environment string can carry.
+        r = ep.step(_call(chat_shell, "shell", command="echo \ud800"))
+        assert not r.done and "could not run" in chat_shell.tokenizer.decode(r.observation)
+        assert ep.errors == {"nul_command": 1, "command_failed": 1}
+
+
+def test_a_tool_call_nested_past_the_json_parsers_stack_is_malformed_not_raised():
+    from envs.tool_calls import parse_tool_calls
+
+    assert parse_tool_calls("<tool_call>" + "[" * 100_000 + "</tool_call>") == ([], 1)
 
 
 @needs_sandbox
