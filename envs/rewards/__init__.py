@@ -24,9 +24,13 @@ from pathlib import Path
 from typing import Any
 
 from envs.rewards.builtin import BUILTINS
-from envs.rewards.worker import MAX_METRICS
 
 log = logging.getLogger(__name__)
+#: At most this many metrics beside ``reward`` in one answer (``envs.rewards.worker`` enforces it).
+MAX_METRICS = 32
+#: Where a call's process finds its deadline (``time.time()`` seconds): rewards that start a
+#: sandbox fit it inside their own timeout (``envs.rewards.code_harness``).
+DEADLINE_ENV = "MIXRL_REWARD_DEADLINE"
 _ROOT = str(Path(__file__).resolve().parents[2])
 
 

@@ -29,9 +29,10 @@ The supervisor enforces ``timeout_s`` itself (``timeout``) and re-validates the 
 float reward, at most ``MAX_METRICS`` finite metrics, the line at most ``MAX_RESULT_BYTES``) before
 it answers. A child that dies without answering is ``crashed`` (a signal: a segfault, a kill) or
 ``exited`` (``os._exit`` without returning). The module's import-time code is the one thing that
-runs here, once, as configuration (``RewardPool.check`` does it at startup). Only a ``setsid``'d
-grandchild that clears its death signal outlives a worker killed with SIGKILL mid-call (the pool
-does that only if this supervisor itself stops answering).
+runs here, once, as configuration (``RewardPool.check`` does it at startup); so do the calls of
+the built-ins we wrote that are cheaper than a fork (``builtin.INLINE``: ``math``, ``exact``).
+Only a ``setsid``'d grandchild that clears its death signal outlives a worker killed with SIGKILL
+mid-call (the pool does that only if this supervisor itself stops answering).
 """
 
 from __future__ import annotations
@@ -48,16 +49,14 @@ import sys
 import time
 from collections.abc import Callable
 
-from envs.rewards.builtin import BUILTINS, WARM
+from envs.rewards import DEADLINE_ENV, MAX_METRICS
+from envs.rewards.builtin import BUILTINS, INLINE, WARM
 
 MAX_RESULT_BYTES = 64 * 1024
-MAX_METRICS = 32
 MAX_KEY_CHARS = 100
 MAX_REQUEST_BYTES = 64 * 1024**2
 PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER = 1, 36
 TERM_GRACE_S = 1.0
-#: Where a call's child finds its deadline (time.time() seconds), for rewards that start sandboxes.
-DEADLINE_ENV = "MIXRL_REWARD_DEADLINE"
 
 
 def resolve(spec: str) -> Callable:
@@ -115,6 +114,14 @@ def _report(fd: int, frame: dict) -> None:
     data = (json.dumps(frame) + "\n").encode()
     while data:
         data = data[os.write(fd, data):]
+
+
+class _Alarm(BaseException):  # not an Exception: a broad "except Exception" must not eat it
+    pass
+
+
+def _alarm(signum, frame):
+    raise _Alarm()
 
 
 def _terminate(signum, frame):
@@ -265,6 +272,34 @@ class Supervisor:
         while data:
             data = data[os.write(self.channel_out, data):]
 
+    def call_inline(self, fn: Callable, kwargs: dict, timeout_s: float, memory_bytes: int) -> dict:
+        """A trusted built-in (``INLINE``) called in this process: its timeout is a SIGALRM here
+        (the pool kills the worker if a C loop ignores it), its memory limit this process's."""
+        previous = signal.signal(signal.SIGALRM, _alarm)
+        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+        try:
+            if memory_bytes:
+                limit = memory_bytes if hard == resource.RLIM_INFINITY else min(memory_bytes, hard)
+                resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+            signal.setitimer(signal.ITIMER_REAL, timeout_s)
+            try:
+                value = fn(**kwargs)
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+        except _Alarm:
+            return _error("timeout", f"timeout after {timeout_s:.1f} s")
+        except MemoryError:
+            return _error("memory", "MemoryError: the call exceeded its memory limit")
+        except Exception as e:  # noqa: BLE001 - the call's failure is its answer
+            return _error("exception", f"{type(e).__name__}: {e}")
+        finally:
+            resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+            signal.signal(signal.SIGALRM, previous)
+        try:
+            return {"ok": True, "value": normalise(value)}
+        except (TypeError, ValueError, OverflowError) as e:
+            return _error("bad_return", f"{type(e).__name__}: {e}")
+
     def call(self, fn: Callable, kwargs: dict, timeout_s: float, memory_bytes: int) -> dict:
         r, w = os.pipe()
         pid = os.fork()
@@ -370,8 +405,9 @@ def main() -> None:
                 spec = request["fn"]
                 if spec not in sup.functions:
                     sup.functions[spec] = resolve(spec)
-                answer = sup.call(sup.functions[spec], request.get("kwargs", {}),
-                                  float(request["timeout_s"]), int(request.get("memory_bytes") or 0))
+                call = sup.call_inline if spec in INLINE else sup.call
+                answer = call(sup.functions[spec], request.get("kwargs", {}),
+                              float(request["timeout_s"]), int(request.get("memory_bytes") or 0))
         except Exception as e:  # noqa: BLE001 - an import failure is the request's error, not ours
             answer = _error("load", f"{type(e).__name__}: {e}")
         sup.answer({"id": rid, **answer})
