@@ -1,12 +1,17 @@
 """`mixrl-sample`: run a sampler that joins a trainer over gRPC.
 
     MIXRL_TOKEN=... mixrl-sample --trainer HOST:PORT --group NAME --recipe fp8 --model-dir DIR
-        [--backend engine|sglang|vllm [--server-url URL]]
+        [--backend engine|sglang|vllm [--server-url URL]] [--device auto|cpu|cuda|cuda:N]
 
 Leases tasks, generates with the engine in the given precision recipe, submits trajectories and
 reloads weights in flight as the trainer publishes them (verified against the sha256 manifest).
 Exits 0 on SIGTERM/SIGINT (or after ``--max-samples``), 2 on bad arguments, 3 when the trainer
 refuses the token.
+
+``--device auto`` (the default) is the local GPU when torch sees one (the ``LOCAL_RANK``-th
+visible device under a launcher, ``sampler_torch.device``), else the CPU; a GPU asked for on a
+machine without one is refused before anything else is checked or loaded. The registration
+reports the device and, per recipe, whether its matmuls run ``native`` or ``emulate`` there.
 """
 
 from __future__ import annotations
@@ -42,7 +47,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--token-file", help="file holding the bearer token (default: $MIXRL_TOKEN)")
     p.add_argument("--capacity", type=int, default=8, help="samples leased and generated per round")
     p.add_argument("--max-batch", type=int, default=32, help="engine batch slots")
-    p.add_argument("--accelerator", default=None, help="label reported to the trainer (default: cpu/cuda)")
+    p.add_argument("--device", default="auto", metavar="auto|cpu|cuda|cuda:N",
+                   help="where the engine computes (default auto: the local GPU if torch sees "
+                        "one, else the CPU)")
+    p.add_argument("--compile", choices=("auto", "on", "off"), default="auto",
+                   help="the engine's compiled decode step (default auto: on CUDA; on the CPU it "
+                        "runs ~1.5x faster once compiled but costs 15-75 s of compile per batch / "
+                        "length shape)")
+    p.add_argument("--accelerator", default=None,
+                   help="label reported to the trainer (default: the device's name)")
     p.add_argument("--name", default=None, help="sampler name (default host:pid)")
     p.add_argument("--weights-cache", default="~/.cache/mixrl/weights", help="where fetched weights go")
     p.add_argument("--weights-transfer", choices=("auto", "shared", "fetch"), default="auto",
@@ -61,6 +74,19 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def compute_report(device: str, backend: str) -> dict:
+    """What the registration says the sampler computes on: device type and name and, for every
+    registered recipe, ``native`` or ``emulate`` probed on that device (a server backend computes
+    elsewhere: its type is ``server`` and it reports no kernels)."""
+    from sampler_torch.device import describe
+
+    if backend != "engine":
+        return {"type": "server", "name": backend, "kernels": {}}
+    from sampler_torch.recipes.linear import recipe_kernels
+
+    return describe(device) | {"kernels": recipe_kernels(device)}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -69,6 +95,16 @@ def main(argv: list[str] | None = None) -> int:
         from sampler_torch.parent_watch import exit_with_parent
 
         exit_with_parent(args.exit_with_parent)
+
+    # The device first: a GPU asked for and absent is the one problem to report, before the token.
+    from sampler_torch.device import DeviceError, check_spec, local_device
+
+    try:
+        check_spec(args.device)
+        device = local_device(args.device) if args.backend == "engine" else "cpu"
+    except DeviceError as e:
+        print(f"mixrl-sample: {e}", file=sys.stderr)
+        return 2
 
     from sampler_torch.client import RolloutClient, RolloutError, TLSOptions
 
@@ -108,7 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         engine = open_backend(args.backend, args.model_dir, recipe, server_url=args.server_url,
                               max_batch=args.max_batch, server_extra_args=args.server_arg,
-                              log_path=args.server_log)
+                              log_path=args.server_log, device=device,
+                              compile={"on": True, "off": False}.get(args.compile, "auto"))
     except (RecipeError, ValueError, ServerError) as e:  # a server refusing the recipe, or down
         print(f"mixrl-sample: --backend {args.backend}: {e}", file=sys.stderr)
         return 2
@@ -116,14 +153,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.tls_ca or args.tls_cert:
         tls = TLSOptions(ca_file=args.tls_ca, cert_file=args.tls_cert, key_file=args.tls_key,
                          server_name=args.tls_server_name)
-    accelerator = args.accelerator or (torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu")
+    compute = compute_report(device, args.backend)
+    accelerator = args.accelerator or compute["name"]
+    log.info("computing on %s (%s), recipe %s: matmuls %s, attention %s, compiled decode %s",
+             device, compute["name"], recipe.name, compute["kernels"].get(recipe.name, "?"),
+             getattr(engine, "attention", "server"), getattr(engine, "compile", "server"))
     client = RolloutClient(
         args.trainer, token, group=args.group, accelerator=accelerator, capacity=args.capacity,
         weight_formats=(recipe.weight_format,), name=args.name or f"{socket.gethostname()}:{os.getpid()}",
         recipe=dict(name=recipe.name, weight_format=recipe.weight_format,
                     activation_format=recipe.activations, kv_dtype=recipe.describe()["kv_cache_dtype"],
                     backend=BACKENDS[args.backend], logit_noise=recipe.logit_noise),
-        tls=tls)
+        tls=tls, device=compute)
     loop = SamplerLoop(client, engine, LoopConfig(
         capacity=args.capacity, weights_cache=args.weights_cache, transfer=args.weights_transfer,
         episode_tokens=args.episode_tokens, max_samples=args.max_samples))

@@ -75,7 +75,8 @@ class RolloutClient:
                  accelerator: str = "", capacity: int = 1, weight_formats: Sequence[str] = ("bf16",),
                  name: str | None = None, tls: TLSOptions | None = None,
                  max_message_bytes: int = 64 * 1024**2, backoff: Backoff = _DEFAULT_BACKOFF,
-                 rpc_timeout_s: float = 30.0, max_retry_s: float | None = None):
+                 rpc_timeout_s: float = 30.0, max_retry_s: float | None = None,
+                 device: pb.ComputeDevice | Mapping | None = None):
         if not token:
             raise ValueError("a bearer token is required (MIXRL_TOKEN or --token-file)")
         self.address = address
@@ -86,6 +87,13 @@ class RolloutClient:
             recipe = pb.Recipe(**recipe)
         self.recipe = recipe
         self.accelerator = accelerator
+        # What the engine computes on (``mixrl-sample``'s ``compute_report``): type, name,
+        # capability, per-recipe native/emulate kernels; extra keys (``index``) are not sent.
+        if isinstance(device, Mapping):
+            device = pb.ComputeDevice(type=device.get("type", ""), name=device.get("name", ""),
+                                      capability=device.get("capability", ""),
+                                      kernels=dict(device.get("kernels", {})))
+        self.device = device
         self.capacity = capacity
         self.weight_formats = tuple(weight_formats)
         # {format: (version, directory)} last materialized: the base the next delta applies to
@@ -176,7 +184,7 @@ class RolloutClient:
                 return self.info
             req = pb.RegisterRequest(group=self.group, recipe=self.recipe, accelerator=self.accelerator,
                                      capacity=self.capacity, weight_formats=list(self.weight_formats),
-                                     name=self.name)
+                                     name=self.name, device=self.device)
             resp = self._stub.Register(req, timeout=self.rpc_timeout_s, metadata=self._metadata)
             if self.server_id is not None and resp.server_id != self.server_id:
                 log.warning("trainer restarted (server %s -> %s); new session", self.server_id,

@@ -32,7 +32,8 @@ def sampler_command(group: SamplerGroupConfig, index: int, *, address: str, mode
            "--recipe", group.recipe, "--model-dir", str(model_dir), "--token-file", str(token_file),
            "--capacity", str(group.capacity), "--threads", str(group.threads),
            "--episode-tokens", str(episode_tokens), "--weights-transfer", "shared",
-           "--name", f"{group.name}-{index}", "--weights-cache", str(cache_dir)]
+           "--name", f"{group.name}-{index}", "--weights-cache", str(cache_dir),
+           "--device", group.device, "--compile", group.compile]
     for key in ("attention", "kv_cache_dtype", "logit_noise"):
         if getattr(group, key) is not None:
             cmd += ["--recipe-override", f"{key}={getattr(group, key)}"]

@@ -64,21 +64,42 @@ class SamplingParams(_message.Message):
     seed: int
     def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., head_k: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., seed: _Optional[int] = ...) -> None: ...
 
+class ComputeDevice(_message.Message):
+    __slots__ = ("type", "name", "capability", "kernels")
+    class KernelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    CAPABILITY_FIELD_NUMBER: _ClassVar[int]
+    KERNELS_FIELD_NUMBER: _ClassVar[int]
+    type: str
+    name: str
+    capability: str
+    kernels: _containers.ScalarMap[str, str]
+    def __init__(self, type: _Optional[str] = ..., name: _Optional[str] = ..., capability: _Optional[str] = ..., kernels: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
 class RegisterRequest(_message.Message):
-    __slots__ = ("group", "recipe", "accelerator", "capacity", "weight_formats", "name")
+    __slots__ = ("group", "recipe", "accelerator", "capacity", "weight_formats", "name", "device")
     GROUP_FIELD_NUMBER: _ClassVar[int]
     RECIPE_FIELD_NUMBER: _ClassVar[int]
     ACCELERATOR_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_FORMATS_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
     group: str
     recipe: Recipe
     accelerator: str
     capacity: int
     weight_formats: _containers.RepeatedScalarFieldContainer[str]
     name: str
-    def __init__(self, group: _Optional[str] = ..., recipe: _Optional[_Union[Recipe, _Mapping]] = ..., accelerator: _Optional[str] = ..., capacity: _Optional[int] = ..., weight_formats: _Optional[_Iterable[str]] = ..., name: _Optional[str] = ...) -> None: ...
+    device: ComputeDevice
+    def __init__(self, group: _Optional[str] = ..., recipe: _Optional[_Union[Recipe, _Mapping]] = ..., accelerator: _Optional[str] = ..., capacity: _Optional[int] = ..., weight_formats: _Optional[_Iterable[str]] = ..., name: _Optional[str] = ..., device: _Optional[_Union[ComputeDevice, _Mapping]] = ...) -> None: ...
 
 class RegisterResponse(_message.Message):
     __slots__ = ("session_id", "server_id", "heartbeat_interval_ms", "session_ttl_ms", "max_outstanding", "max_message_bytes", "vocab_size", "current_version")
@@ -323,7 +344,7 @@ class GroupStatus(_message.Message):
     def __init__(self, name: _Optional[str] = ..., samplers: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., share: _Optional[float] = ..., outstanding: _Optional[int] = ..., accepted: _Optional[int] = ...) -> None: ...
 
 class SamplerStatus(_message.Message):
-    __slots__ = ("session_id", "name", "group", "recipe", "accelerator", "accepted", "duplicates", "rejected", "rejections", "outstanding", "weights_version", "weight_failures", "last_seen_s_ago")
+    __slots__ = ("session_id", "name", "group", "recipe", "accelerator", "accepted", "duplicates", "rejected", "rejections", "outstanding", "weights_version", "weight_failures", "last_seen_s_ago", "device")
     class RejectionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -344,6 +365,7 @@ class SamplerStatus(_message.Message):
     WEIGHTS_VERSION_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_FAILURES_FIELD_NUMBER: _ClassVar[int]
     LAST_SEEN_S_AGO_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     name: str
     group: str
@@ -357,7 +379,8 @@ class SamplerStatus(_message.Message):
     weights_version: int
     weight_failures: int
     last_seen_s_ago: float
-    def __init__(self, session_id: _Optional[str] = ..., name: _Optional[str] = ..., group: _Optional[str] = ..., recipe: _Optional[_Union[Recipe, _Mapping]] = ..., accelerator: _Optional[str] = ..., accepted: _Optional[int] = ..., duplicates: _Optional[int] = ..., rejected: _Optional[int] = ..., rejections: _Optional[_Mapping[str, int]] = ..., outstanding: _Optional[int] = ..., weights_version: _Optional[int] = ..., weight_failures: _Optional[int] = ..., last_seen_s_ago: _Optional[float] = ...) -> None: ...
+    device: ComputeDevice
+    def __init__(self, session_id: _Optional[str] = ..., name: _Optional[str] = ..., group: _Optional[str] = ..., recipe: _Optional[_Union[Recipe, _Mapping]] = ..., accelerator: _Optional[str] = ..., accepted: _Optional[int] = ..., duplicates: _Optional[int] = ..., rejected: _Optional[int] = ..., rejections: _Optional[_Mapping[str, int]] = ..., outstanding: _Optional[int] = ..., weights_version: _Optional[int] = ..., weight_failures: _Optional[int] = ..., last_seen_s_ago: _Optional[float] = ..., device: _Optional[_Union[ComputeDevice, _Mapping]] = ...) -> None: ...
 
 class StatusResponse(_message.Message):
     __slots__ = ("server_id", "current_version", "uptime_s", "pending_samples", "outstanding_samples", "buffered_trajectories", "buffered_bytes", "ready_groups", "accepted", "duplicates", "rejected", "taken_groups", "requeued_samples", "groups", "samplers")

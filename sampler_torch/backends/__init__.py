@@ -20,12 +20,14 @@ SERVERS: dict[str, type[ServerBackend]] = {"sglang": SGLangBackend, "vllm": VLLM
 def open_backend(kind: str, model_dir: str | os.PathLike, recipe: Recipe, *,
                  server_url: str | None = None, max_batch: int = 32,
                  server_extra_args: Sequence[str] = (),
-                 log_path: str | os.PathLike | None = None, device: str = "cpu"):
+                 log_path: str | os.PathLike | None = None, device: str = "cpu",
+                 compile: bool | str = "auto"):
     """The backend ``kind`` (a key of ``mixrl_wire.recipes.BACKENDS``) serving ``model_dir``.
 
     ``engine``: the torch engine in this process, on ``device`` (a resolved torch device,
-    ``sampler_torch.device.local_device``), with its per-device defaults (``compile="auto"``,
-    attention ``auto``: what ``benchmarks/bench_sampler.py``'s ``bf16`` row measures).
+    ``sampler_torch.device.local_device``), with its per-device defaults (``compile="auto"``
+    unless ``compile`` says otherwise, attention ``auto``: what ``benchmarks/bench_sampler.py``'s
+    ``bf16`` row measures).
     A server kind attaches to ``server_url`` (a server already holding ``model_dir``) or, without
     it, starts one with the recipe's arguments (plus ``server_extra_args``); ``close()`` stops
     only a server it started.
@@ -39,7 +41,7 @@ def open_backend(kind: str, model_dir: str | os.PathLike, recipe: Recipe, *,
             raise ValueError("--server-url is for the sglang and vllm backends, not the engine")
         from sampler_torch.engine import Engine
 
-        return Engine(model_dir, recipe, max_batch=max_batch, device=device)
+        return Engine(model_dir, recipe, max_batch=max_batch, device=device, compile=compile)
     cls = SERVERS[kind]
     if server_url:
         return cls(server_url, recipe=recipe, model_dir=model_dir)

@@ -222,8 +222,10 @@ def test_kv_cache_dtypes_and_attention_kernels_differ_by_little(measured_exports
                 err = max(err, max(abs(da[k] - db[k]) for k in db))
         errs[kv] = err
     assert errs["bf16"] < errs["fp8_e4m3"] < errs["fp8_e5m2"] < 0.5, errs
-    eager = Engine(measured_exports["bf16"], "bf16", compute_dtype="float32", attention="eager")
-    outs = eager.generate(prompts, params)
+    # base runs attention "auto" (eager on the CPU): sdpa must sample the same tokens
+    assert base.attention == "eager"
+    sdpa = Engine(measured_exports["bf16"], "bf16", compute_dtype="float32", attention="sdpa")
+    outs = sdpa.generate(prompts, params)
     assert [c.token_ids for c in outs] == [c.token_ids for c in ref]
     np.testing.assert_allclose(np.concatenate([c.logprobs for c in outs]),
                                np.concatenate([c.logprobs for c in ref]), atol=1e-5)

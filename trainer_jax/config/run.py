@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from mixrl_wire.devices import DeviceError, check_spec, gpu_sharing_problem, jax_platform
 from mixrl_wire.recipes import KV_CACHE_DTYPES, RECIPES, get_recipe
 from mixrl_wire.sampling import SamplingParams
 from trainer_jax.config.base import Strict as _Strict
@@ -17,11 +19,15 @@ class SamplerGroupConfig(_Strict):
 
     ``spawn``: the trainer starts ``processes`` local ``mixrl-sample`` processes for the group;
     otherwise the group's samplers join by address on their own.
+    ``device``: where spawned samplers compute (``mixrl-sample --device``: ``auto``, ``cpu``,
+    ``cuda``, ``cuda:N``; ``mixrl_wire.devices``). On a host whose GPUs the JAX trainer holds, a
+    group on a GPU is refused at load unless the trainer's memory share was lowered
+    (``XLA_PYTHON_CLIENT_MEM_FRACTION`` / ``XLA_PYTHON_CLIENT_PREALLOCATE=false``).
     """
 
     name: str
     recipe: str = "bf16"  # a name in mixrl_wire.recipes.RECIPES
-    attention: Literal["sdpa", "eager"] | None = None  # None: the recipe's default
+    attention: Literal["auto", "sdpa", "eager"] | None = None  # None: the recipe's (auto)
     kv_cache_dtype: str | None = None  # None: the recipe's default
     # The mismatch dial (mixrl_wire.recipes): sigma of seeded Gaussian noise on the sampler's
     # logits, recorded in the group's registered recipe. None: the recipe's (0, off).
@@ -30,6 +36,28 @@ class SamplerGroupConfig(_Strict):
     capacity: int = Field(8, gt=0)
     threads: int = Field(1, gt=0)
     spawn: bool = True
+    device: str = "auto"
+    # The engine's compiled decode step (mixrl-sample --compile): auto = on CUDA, off on the CPU.
+    compile: Literal["auto", "on", "off"] = "auto"
+
+    @field_validator("device")
+    @classmethod
+    def _device_spec(cls, v: str) -> str:
+        try:
+            return check_spec(v)
+        except DeviceError as e:
+            raise ValueError(str(e)) from None
+
+    @model_validator(mode="after")
+    def _gpu_not_held_by_trainer(self) -> SamplerGroupConfig:
+        if self.spawn and self.processes > 0:
+            try:
+                problem = gpu_sharing_problem([self.device], os.environ, jax_platform(os.environ))
+            except DeviceError as e:
+                problem = str(e)
+            if problem:
+                raise ValueError(f"group {self.name!r}: {problem}")
+        return self
 
     @field_validator("recipe")
     @classmethod

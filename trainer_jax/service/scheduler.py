@@ -86,10 +86,14 @@ class Scheduler:
                            f"unknown format(s) {unknown}; known: {', '.join(WEIGHT_FORMATS)}")
         recipe = {f: getattr(req.recipe, f) for f in ("name", "weight_format", "activation_format",
                                                        "kv_dtype", "backend", "logit_noise")}
+        device = ({"type": req.device.type, "name": req.device.name,
+                   "capability": req.device.capability, "kernels": dict(req.device.kernels)}
+                  if req.HasField("device") else {})
         with self.lock:
             s = Session(id=secrets.token_hex(16), name=req.name or peer, group=req.group, recipe=recipe,
                         accelerator=req.accelerator, capacity=int(req.capacity),
-                        weight_formats=tuple(req.weight_formats), peer=peer, last_seen=self.clock())
+                        weight_formats=tuple(req.weight_formats), peer=peer, last_seen=self.clock(),
+                        device=device)
             self.sessions[s.id] = s
             g = self.router.group(s.group)
             g.samplers += 1
@@ -432,7 +436,8 @@ class Scheduler:
             now = self.clock()
             samplers = [{
                 "session_id": s.id, "name": s.name, "group": s.group, "recipe": dict(s.recipe),
-                "accelerator": s.accelerator, "capacity": s.capacity, "accepted": s.accepted,
+                "accelerator": s.accelerator, "device": dict(s.device), "capacity": s.capacity,
+                "accepted": s.accepted,
                 "duplicates": s.duplicates, "rejected": s.rejected, "rejections": dict(s.rejections),
                 "outstanding": s.outstanding, "weights_version": s.weights_version,
                 "weight_failures": s.weight_failures, "active_samples": s.active_samples,

@@ -35,6 +35,7 @@ from trainer_jax.service.buffer import TrajectoryGroup
 from trainer_jax.service.router import Router
 from trainer_jax.service.scheduler import Duplicate, Rejected, Scheduler
 from trainer_jax.service.scoring import ScoringBuffer
+from trainer_jax.service.sessions import describe_device
 from trainer_jax.service.tasks import TaskSource, TaskSpec, build_task_source
 from trainer_jax.service.validation import ValidationError, validate_trajectory
 from trainer_jax.service.weights import WeightRegistry
@@ -59,8 +60,9 @@ class _Servicer(pb_grpc.RolloutServicer):
         except Rejected as e:
             context.abort(e.code, str(e))
         cfg = self.svc.cfg
-        log.info("registered %s (group %s, recipe %s, capacity %d) from %s", s.name, s.group,
-                 s.recipe.get("name"), s.capacity, s.peer)
+        log.info("registered %s (group %s, recipe %s, capacity %d, %s) from %s", s.name, s.group,
+                 s.recipe.get("name"), s.capacity, describe_device(s.device, s.recipe.get("name")),
+                 s.peer)
         return pb.RegisterResponse(
             session_id=s.id, server_id=self.svc.server_id,
             heartbeat_interval_ms=int(cfg.heartbeat_s * 1000), session_ttl_ms=int(cfg.session_ttl_s * 1000),
@@ -317,7 +319,9 @@ class RolloutService:
             accelerator=s["accelerator"], accepted=s["accepted"], duplicates=s["duplicates"],
             rejected=s["rejected"], rejections=s["rejections"], outstanding=s["outstanding"],
             weights_version=s["weights_version"], weight_failures=s["weight_failures"],
-            last_seen_s_ago=s["last_seen_s_ago"]) for s in st["samplers"]]
+            last_seen_s_ago=s["last_seen_s_ago"],
+            device=pb.ComputeDevice(**s["device"]) if s.get("device") else None)
+            for s in st["samplers"]]
         return pb.StatusResponse(
             server_id=self.server_id, current_version=st["current_version"], uptime_s=st["uptime_s"],
             pending_samples=st["pending_samples"], outstanding_samples=st["outstanding_samples"],

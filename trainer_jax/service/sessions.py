@@ -21,6 +21,23 @@ class Rejected(Exception):
         self.reason = reason
 
 
+def describe_device(device: dict, recipe: str | None = None) -> str:
+    """One phrase for logs and start-up lines: ``cuda NVIDIA H200 (9.0), fp8 native``; with
+    ``recipe`` only that recipe's kernel, else every recipe's; ``unreported`` when empty."""
+    if not device:
+        return "device unreported"
+    name = device.get("name", "")
+    text = f"{device.get('type', '?')} {name}".strip()
+    if device.get("capability"):
+        text += f" ({device['capability']})"
+    kernels = device.get("kernels", {})
+    if recipe is not None and recipe in kernels:
+        return f"{text}, {recipe} matmuls {kernels[recipe]}"
+    if kernels:
+        text += ", matmuls " + " ".join(f"{r}:{k}" for r, k in kernels.items())
+    return text
+
+
 class Duplicate(Exception):
     """The submission repeats a sample this lease already delivered (an idempotent retry)."""
 
@@ -47,6 +64,9 @@ class Session:
     active_samples: int = 0
     revoked: bool = False
     expired_unreported: list[str] = dataclasses.field(default_factory=list)
+    #: what the sampler computes on (``ComputeDevice``: type, name, capability, kernels); empty
+    #: for samplers that do not say
+    device: dict = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
