@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import re
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -24,6 +25,7 @@ TERMINATIONS = ("answered", "submitted", "turn_limit", "toolless_stop", "empty_r
 # The wire's finish_reason carries the termination and the episode's counted errors (the trainer
 # validates it as printable and at most this long): "turn_limit" or "turn_limit;nul_command=2,exception".
 FINISH_REASON_CHARS = 64
+_REASON = re.compile(r"[a-z][a-z0-9_]{0,39}")
 
 
 def finish_reason(termination: str, errors: dict[str, int] | None = None) -> str:
@@ -45,7 +47,8 @@ def split_finish_reason(text: str) -> tuple[str, dict[str, int]]:
     errors: dict[str, int] = {}
     for item in filter(None, rest.split(",")):
         reason, _, n = item.partition("=")
-        if reason and (not n or n.isdigit()):
+        # A metric name and a count, or nothing ("²" is a digit to isdigit, not to int).
+        if _REASON.fullmatch(reason) and (not n or (n.isascii() and n.isdigit() and len(n) <= 6)):
             errors[reason] = errors.get(reason, 0) + (int(n) if n else 1)
     return termination, errors
 

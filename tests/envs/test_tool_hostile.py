@@ -233,7 +233,10 @@ def test_finish_reason_carries_counted_errors_to_the_trainer():
     assert finish_reason("turn_limit", {}) == "turn_limit" and split_finish_reason("length") == ("length", {})
     many = finish_reason("toolless_stop", {f"reason_number_{i}": i + 1 for i in range(9)})
     assert len(many) <= 64 and many.startswith("toolless_stop;reason_number_8=9")
-    assert split_finish_reason("stop;x=y,,=3,ok=2") == ("stop", {"ok": 2})  # wire junk is ignored
+    # Wire junk is ignored: not a count, an empty reason, a superscript digit, an absurd count, a
+    # name no environment writes.
+    junk = "stop;x=y,,=3,ok=2,sq=\u00b2,big=9999999,../../x,Upper"
+    assert split_finish_reason(junk) == ("stop", {"ok": 2})
     traj = lambda reason: types.SimpleNamespace(finish_reason=reason)
     groups = [types.SimpleNamespace(task=types.SimpleNamespace(env="shell"),
                                     trajectories=[traj(text), traj("error;exception"), traj("submitted")]),
