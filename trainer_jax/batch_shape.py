@@ -150,8 +150,8 @@ def describe(cfg: RunConfig, wanted: list[Demand], result: Fit) -> str:
             f"{result.rows_capacity} of them ({per_row} a row) and train.max_tokens {t.max_tokens} "
             f"at least {result.tokens_capacity} ({result.policy} policy tokens each): up to "
             f"{result.drop_share:.0%} of a step's samples dropped when replies run to their limit. "
-            f"Fits: train.rows {max(t.rows, need_rows)} (a multiple of the mesh's batch shards) and "
-            f"train.max_tokens {max(t.max_tokens, need_tokens)}, or fewer prompts_per_step / "
+            f"Fits: train.rows {max(t.rows, need_rows)} or more (a multiple of the mesh's batch "
+            f"shards) and train.max_tokens {max(t.max_tokens, need_tokens)}, or fewer prompts_per_step / "
             f"group_size / {_new_key(cfg, longest)}")
 
 
