@@ -26,7 +26,7 @@ from convert.tokenizer import TOOL_TAGS
 from envs.base import Environment, Episode, StepResult, Task, register_env
 from envs.chat import Chat
 from envs.jail_files import JailFileError, read_jail_text
-from envs.sandbox import Sandbox, SandboxLimits, check_jail_support
+from envs.sandbox import Sandbox, SandboxLimits
 from envs.tool_calls import ChatToolEpisode
 from envs.untrusted import escape_added_tokens, run_untrusted
 
@@ -98,8 +98,9 @@ class ShellTasks(Environment):
                  limits: SandboxLimits | None = None, allow_unisolated: bool = False,
                  families: tuple[str, ...] | None = None, allow_unbounded_memory: bool = False):
         super().__init__(tokenizer, difficulty)
-        # No cgroup to bound a sandbox's memory and processes: one line now, unless opted out.
-        check_jail_support(allow_unbounded_memory, allow_unisolated=allow_unisolated)
+        # Where no cgroup can bound a sandbox, the config is refused at load (TasksConfig) and each
+        # sandbox refuses to start, unless this opt-out (which travels with the task) is set. Not
+        # checked here: a sampler builds its copy of the environment with defaults.
         self.allow_unbounded_memory = allow_unbounded_memory
         self.chat = Chat.from_tokenizer(tokenizer)
         missing = [t for t in TOOL_TAGS if tokenizer.token_to_id(t) is None]

@@ -164,12 +164,13 @@ def test_shell_env_refuses_without_cgroups_and_runs_rlimits_only_when_told(monke
     monkeypatch.setenv("MIXRL_SANDBOX_CGROUP", "cgroup.procs/x")
     sbx.cgroup_version.cache_clear()
     try:
+        task = make_env("shell", tok, families=("write",)).sample_task(np.random.default_rng(0), "t0")
         with pytest.raises(sbx.SandboxUnavailable, match="allow_unbounded_memory: true"):
-            make_env("shell", tok)
+            make_env("shell", tok).start(task)
         env = make_env("shell", tok, allow_unbounded_memory=True, families=("write",))
         task = env.sample_task(np.random.default_rng(0), "t0")
-        assert task.payload["allow_unbounded_memory"] is True  # travels to the sampler's default env
-        with env.start(task) as ep:
+        assert task.payload["allow_unbounded_memory"] is True
+        with make_env("shell", tok).start(task) as ep:  # a sampler's env, built with defaults
             assert ep.sandbox.cgroup is None and ep.sandbox.uid >= 200_000
             assert ep.sandbox.run("id -u; echo ok > out.txt; cat out.txt").output == f"{ep.sandbox.uid}\nok\n"
     finally:
