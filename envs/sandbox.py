@@ -45,7 +45,7 @@ import time
 import weakref
 from pathlib import Path
 
-from envs.jail.cgroups import DEFAULT_PARENT, CgroupError, SandboxCgroup, detect, remove_stale
+from envs.jail.cgroups import CgroupError, SandboxCgroup, detect, remove_stale
 from envs.jail.uids import UidLease, UidsExhausted, kill_uid
 
 _LAUNCHER = Path(__file__).with_name("seccomp_launch.py")
@@ -72,6 +72,12 @@ class SandboxLimits:
     max_processes: int = 64
     max_output_bytes: int = 4096
     disk_bytes: int = 64 * 1024**2
+
+    def __post_init__(self) -> None:
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+                raise ValueError(f"sandbox limits: {field.name} must be a number > 0, got {value!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,15 +107,15 @@ def sandbox_available() -> bool:
 
 @functools.cache
 def cgroup_version() -> str | None:
-    """``"v2"`` or ``"v1"`` when this process can create memory+pids cgroups for sandboxes, else None."""
+    """``"v2"`` or ``"v1"`` when this process can create memory+pids cgroups for sandboxes, else None.
+    Found by creating (and removing) one with limits, once per process: a v2 tree that will not
+    hand its controllers down, or a read-only cgroupfs, is no cgroup."""
     found = detect() if os.geteuid() == 0 else None
     if found is None:
         return None
-    parent = (os.environ.get("MIXRL_SANDBOX_CGROUP") or DEFAULT_PARENT).strip("/")
     try:
-        for mount in found[1].values():
-            (mount / parent).mkdir(parents=True, exist_ok=True)
-    except OSError:
+        SandboxCgroup(f"probe-{os.getpid()}", memory_bytes=64 << 20, max_pids=8, found=found).remove()
+    except (CgroupError, OSError):
         return None
     return found[0]
 

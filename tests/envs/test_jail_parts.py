@@ -216,3 +216,10 @@ def test_shell_config_refused_at_load_without_cgroups(monkeypatch):
         monkeypatch.delenv("MIXRL_SANDBOX_CGROUP")
         sbx.cgroup_version.cache_clear()
     TasksConfig(env="shell")  # cgroups back: accepted
+
+
+def test_limits_must_be_positive_numbers():
+    with pytest.raises(ValueError, match="sandbox limits: disk_bytes must be a number > 0, got 0"):
+        sbx.SandboxLimits(disk_bytes=0)
+    with pytest.raises(ValueError, match="max_processes must be a number > 0, got 'many'"):
+        sbx.SandboxLimits(max_processes="many")
