@@ -95,15 +95,19 @@ class _Builder:
 
 
 def run_episodes(generate: Callable, episodes: Sequence[Episode], params, *,
-                 max_total_tokens: int = 512, seeds: Sequence[int] | None = None) -> list[EpisodeRecord]:
+                 max_total_tokens: int | Sequence[int] = 512,
+                 seeds: Sequence[int] | None = None) -> list[EpisodeRecord]:
     """Run ``episodes`` to completion; ``generate(prompts, params) -> completions`` (the Engine API,
     with one ``SamplingParams`` per request).
 
     ``params`` is a ``SamplingParams``; each turn uses the episode's stop tokens and at most the
-    tokens left in ``max_total_tokens``. ``seeds[i]`` seeds episode i (turn j uses seed + 7919 j
-    so turns draw independent streams). An episode out of budget ends with ``length``.
+    tokens left in ``max_total_tokens`` (one for all, or episode i's: prompts differ in length, so
+    a budget of prompt + new tokens is per episode). ``seeds[i]`` seeds episode i (turn j uses
+    seed + 7919 j so turns draw independent streams). An episode out of budget ends with ``length``.
     """
     builders = [_Builder(ep, params.head_k) for ep in episodes]
+    limits = ([max_total_tokens] * len(episodes) if isinstance(max_total_tokens, int)
+              else list(max_total_tokens))
     seeds = list(seeds) if seeds is not None else [params.seed or 0] * len(episodes)
     turn = 0
     while True:
@@ -113,7 +117,7 @@ def run_episodes(generate: Callable, episodes: Sequence[Episode], params, *,
         requests, per_request = [], []
         for i in active:
             b = builders[i]
-            budget = max_total_tokens - len(b.tokens)
+            budget = limits[i] - len(b.tokens)
             if budget <= 0:
                 b.done, b.termination = True, "length"
                 continue
@@ -125,7 +129,7 @@ def run_episodes(generate: Callable, episodes: Sequence[Episode], params, *,
             break
         completions = generate([list(builders[i].tokens) for i in requests], per_request)
         for i, completion in zip(requests, completions, strict=True):
-            _finish_turn(builders[i], completion, max_total_tokens)
+            _finish_turn(builders[i], completion, limits[i])
         turn += 1
     return [b.record() for b in builders]
 

@@ -212,7 +212,10 @@ class SamplerLoop:
                 out[k] = _from_completion(c, items[k][0].sampling)
         for group in episodic.values():
             task0 = items[group[0][0]][0]
-            budget = len(task0.prompt_ids) + (self.cfg.episode_tokens or task0.sampling.max_new_tokens)
+            # Each episode's own prompt + budget: one from task0's prompt would leave a longer
+            # prompt fewer new tokens, or none (an empty trajectory the trainer refuses).
+            extra = self.cfg.episode_tokens or task0.sampling.max_new_tokens
+            budget = [len(items[k][0].prompt_ids) + extra for k, _ in group]
             seeds = [items[k][0].sampling.seed + items[k][1] for k, _ in group]
             try:
                 recs = run_episodes(self.engine.generate, [ep for _, ep in group],
