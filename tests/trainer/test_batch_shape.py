@@ -21,6 +21,12 @@ chat_dir = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(chat_dir)
 
 
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    """A model directory: a byte-level BPE trained here with a ChatML-style template (no weights)."""
+    return chat_dir.make_model_dir(tmp_path_factory.mktemp("model"))
+
+
 def test_fit_counts_what_the_packer_is_guaranteed_to_place():
     one = [Demand("a", 1.0, tokens=10, policy=6)]
     assert fit(4, one, rows=2, row_len=20, max_tokens=24).fits  # 2 a row x 2 rows, 24 // 6 = 4
@@ -125,14 +131,14 @@ def test_every_shipped_config_passes_at_load(gsm8k_files):
         check_config(load_config(ROOT / "configs" / name))
 
 
-def test_launch_configs_fit_with_a_model_tokenizer(tmp_path, gsm8k_files):
+def test_launch_configs_fit_with_a_model_tokenizer(model_dir, gsm8k_files):
     """With a chat template, every prompt measured: gpu_host / tpu_slice's chat_math and the
     GSM8K-format dataset fit their shapes with room (chat_dir's 400-token BPE is far less
     compact than Qwen's, so its prompts are longer than a real model's)."""
     from convert.tokenizer import load_tokenizer
     from trainer_jax.batch_shape import longest_prompts
 
-    tokenizer = load_tokenizer(chat_dir.make_model_dir(tmp_path / "model"))
+    tokenizer = load_tokenizer(model_dir)
     for name in ("gpu_host.yaml", "tpu_slice.yaml", "qwen3_gsm8k.yaml"):
         cfg = load_config(ROOT / "configs" / name)
         assert check_tasks(cfg, tokenizer) is None
@@ -140,13 +146,13 @@ def test_launch_configs_fit_with_a_model_tokenizer(tmp_path, gsm8k_files):
         assert 40 < prompt < 300, (name, prompt)
 
 
-def test_dataset_longest_prompt_is_measured_through_the_chat_template(tmp_path):
+def test_dataset_longest_prompt_is_measured_through_the_chat_template(tmp_path, model_dir):
     from convert.tokenizer import load_tokenizer
     from envs import make_env
     from envs.base import Task
     from envs.dataset import longest_prompt
 
-    tokenizer = load_tokenizer(chat_dir.make_model_dir(tmp_path / "model"))
+    tokenizer = load_tokenizer(model_dir)
     path = tmp_path / "rows.jsonl"
     questions = ["hi", "what is 2 + 3? " * 12, "hello world"]
     path.write_text("".join(json.dumps({"q": q, "a": "1"}) + "\n" for q in questions))
@@ -159,7 +165,7 @@ def test_dataset_longest_prompt_is_measured_through_the_chat_template(tmp_path):
     finally:
         env.close()
     # The same row count of new tokens fits at load (prompt unknown) and not once it is measured.
-    base = [f"model.hf_dir={tmp_path / 'model'}", "tasks.env=mix", "tasks.group_size=2",
+    base = [f"model.hf_dir={model_dir}", "tasks.env=mix", "tasks.group_size=2",
             f"tasks.mix=[{{env: dataset, options: {json.dumps(options)}}}]",
             "tasks.sampling.max_new_tokens=16", "train.prompts_per_step=2", "train.rows=4",
             "train.row_len=64", "train.max_tokens=64"]
@@ -169,11 +175,11 @@ def test_dataset_longest_prompt_is_measured_through_the_chat_template(tmp_path):
         check_tasks(cfg, tokenizer)
 
 
-def test_char_level_task_with_a_model_tokenizer_is_refused_before_anything_starts(tmp_path):
+def test_char_level_task_with_a_model_tokenizer_is_refused_before_anything_starts(tmp_path, model_dir):
     from trainer_jax.train import train
 
-    model = chat_dir.make_model_dir(tmp_path / "model")
-    cfg = load_config(None, [f"model.hf_dir={model}", "tasks.env=arithmetic", f"run.dir={tmp_path / 'run'}"])
+    cfg = load_config(None, [f"model.hf_dir={model_dir}", "tasks.env=arithmetic",
+                             f"run.dir={tmp_path / 'run'}"])
     # train() refuses it right after the tokenizer loads: before jax.distributed, the checkpoint
     # (this directory has none: building the model would fail differently) and the run directory.
     with pytest.raises(ConfigError, match=r"^tasks \(arithmetic\): arithmetic: needs a tokenizer with "

@@ -5,7 +5,6 @@ as before. An empty or unreadable file is one line at start."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import socket
@@ -119,24 +118,26 @@ def _free_port() -> int:
 @pytest.mark.timeout(600)
 def test_an_external_sampler_joins_with_the_configured_token_file(tmp_path):
     """A real trainer whose only group joins by address: the sampler reads the file the trainer
-    created from ``service.token_file`` and its samples train the step."""
+    created from ``service.token_file``, registers and its samples are accepted."""
+    from sampler_torch.client import RolloutClient
+
     port, token = _free_port(), tmp_path / "secrets" / "mixrl_token"
     cfg = tmp_path / "c.yaml"
     cfg.write_text(CONFIG.replace("PORT", str(port)).replace("TOKEN", str(token)))
-    run_dir = tmp_path / "run"
-    trainer = subprocess.Popen([BIN / "mixrl-train", "--config", cfg, "--run-dir", run_dir],
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    run_dir, out, log = tmp_path / "run", tmp_path / "trainer.log", tmp_path / "ext.log"
+    with open(out, "w") as f:
+        trainer = subprocess.Popen([BIN / "mixrl-train", "--config", cfg, "--run-dir", run_dir],
+                                   stdout=f, stderr=subprocess.STDOUT)
     sampler = None
     try:
         weights = run_dir / "weights" / "v00000000" / "bf16"
         deadline = time.monotonic() + 300
         while not (token.is_file() and (weights / "config.json").is_file()):
-            assert trainer.poll() is None and time.monotonic() < deadline, trainer.stdout.read()[-3000:]
+            assert trainer.poll() is None and time.monotonic() < deadline, out.read_text()[-3000:]
             time.sleep(0.2)
         assert _mode(token) == 0o600 and not (run_dir / "token").exists()
         model_dir = tmp_path / "ext-model"
         shutil.copytree(weights, model_dir)
-        log = tmp_path / "ext.log"
         with open(log, "w") as f:
             sampler = subprocess.Popen(
                 [BIN / "mixrl-sample", "--trainer", f"127.0.0.1:{port}", "--group", "ext", "--recipe",
@@ -144,11 +145,13 @@ def test_an_external_sampler_joins_with_the_configured_token_file(tmp_path):
                  "1", "--episode-tokens", "32", "--weights-transfer", "shared", "--name", "ext-0",
                  "--weights-cache", tmp_path / "cache", "--device", "cpu"], stdout=f,
                 stderr=subprocess.STDOUT, env={k: v for k, v in os.environ.items() if k != "MIXRL_TOKEN"})
-        out, _ = trainer.communicate(timeout=400)
-        assert trainer.returncode == 0, out[-3000:] + log.read_text()[-3000:]
-        assert f"(bearer token in {token})" in out
-        steps = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines()]
-        assert [r["samples_trained"] for r in steps if r["step"] == 1 and "loss" in r] == [2]
+        with RolloutClient(f"127.0.0.1:{port}", read_token_file(token), group="ext") as client:
+            deadline = time.monotonic() + 300
+            while sum(s.accepted for s in client.status().samplers if s.name == "ext-0") < 2:
+                assert sampler.poll() is None and trainer.poll() is None and time.monotonic() < deadline, \
+                    out.read_text()[-2000:] + log.read_text()[-2000:]
+                time.sleep(0.2)
+        assert f"(bearer token in {token})" in out.read_text()
         assert "UNAUTHENTICATED" not in log.read_text()
     finally:
         for proc in (trainer, sampler):
