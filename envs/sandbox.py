@@ -220,9 +220,12 @@ class Sandbox:
         if self.isolated:
             try:
                 self._acquire()
-            except (CgroupError, UidsExhausted, OSError) as e:
+            except (CgroupError, UidsExhausted, OSError, ValueError) as e:
                 self.close()
                 raise SandboxUnavailable(f"sandbox: {e}") from None
+            except BaseException:
+                self.close()
+                raise
 
     def _acquire(self) -> None:
         lim = self.limits

@@ -7,7 +7,8 @@ fork, and sandboxes could signal each other. Each sandbox now holds one uid of
 life. The lease is an ``flock`` on ``<lock dir>/<uid>.lock`` (default ``/run/mixrl-sandbox/uids``,
 ``MIXRL_SANDBOX_UID_LOCK_DIR``): two samplers or two test workers allocating at once get different
 uids, and a process that dies releases its uids with its descriptors. A new holder kills whatever
-still runs as the uid (a sandbox whose owner was SIGKILLed) before using it.
+still runs as the uid (a sandbox whose owner was SIGKILLed) before using it, so pick a range that
+no user and no ``/etc/subuid`` map uses (the base must be at least 65536).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 DEFAULT_BASE, DEFAULT_COUNT = 200_000, 1024
+MIN_BASE = 65_536
 DEFAULT_LOCK_DIR = Path("/run/mixrl-sandbox/uids")
 
 
@@ -45,6 +47,10 @@ class UidLease:
     def __init__(self, *, base: int | None = None, count: int | None = None, lock_dir: Path | None = None):
         self.base = base if base is not None else _env_int("MIXRL_SANDBOX_UID_BASE", DEFAULT_BASE)
         self.count = count if count is not None else _env_int("MIXRL_SANDBOX_UID_COUNT", DEFAULT_COUNT)
+        if self.base < MIN_BASE or self.count < 1:
+            # Everything running as a uid of the range is killed when a sandbox takes it.
+            raise ValueError(f"sandbox uid range {self.base}+{self.count}: the base must be >= {MIN_BASE} "
+                             "(above every ordinary user) and the count >= 1")
         self.lock_dir = Path(lock_dir or os.environ.get("MIXRL_SANDBOX_UID_LOCK_DIR") or DEFAULT_LOCK_DIR)
         self.lock_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self._fd: int | None = None

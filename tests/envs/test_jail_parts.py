@@ -223,3 +223,12 @@ def test_limits_must_be_positive_numbers():
         sbx.SandboxLimits(disk_bytes=0)
     with pytest.raises(ValueError, match="max_processes must be a number > 0, got 'many'"):
         sbx.SandboxLimits(max_processes="many")
+
+
+def test_a_uid_range_among_ordinary_users_is_refused(tmp_path, monkeypatch):
+    with pytest.raises(ValueError, match="base must be >= 65536"):
+        UidLease(base=1000, count=4, lock_dir=tmp_path)
+    if sbx.sandbox_available():
+        monkeypatch.setenv("MIXRL_SANDBOX_UID_BASE", "1000")
+        with pytest.raises(sbx.SandboxUnavailable, match="^sandbox: sandbox uid range 1000"):
+            sbx.Sandbox()
