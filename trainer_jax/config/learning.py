@@ -34,7 +34,8 @@ class ModelConfig(_Strict):
     moe_intermediate_size: int = Field(0, ge=0)
     seed: int = 0
     dtype: Literal["float32", "bfloat16"] = "float32"  # the trainer's compute dtype (params stay fp32)
-    # trainer_jax.models.attention.IMPLS, or auto: blocked on CPU, Pallas flash on GPU, splash on TPU
+    # trainer_jax.models.attention.IMPLS, or auto: a fused kernel where scripts/device_check.sh
+    # passed it on this device kind and jax minor (trainer_jax/kernels/checked.py), else blocked
     attention: str = "auto"
 
     @field_validator("attention")
@@ -79,7 +80,7 @@ class ObjectiveConfig(BaseModel):
     c_min, c_max: the MIS range / TIS cap on r = p / b.
     aggregation: a name in ``AGGREGATIONS``; ``constant_normalizer`` is used by "constant".
     impl: linear-log-sum-exp kernel implementation (reference | xla | pallas), or ``auto``: the
-        one ``kernels.linear_logsumexp.names.AUTO_IMPL`` names for the platform.
+        ``pallas`` where the device check passed it here (``kernels/checked.py``), else ``xla``.
     kernel_options: (name, value) pairs passed to the kernel, e.g. (("block_v", 2048),); the
         kernel rejects options its ``impl`` does not take.
     num_groups: sampler groups for per-group metrics (group ids outside [0, num_groups) are
