@@ -4,6 +4,9 @@ Every RPC carries ``authorization: Bearer <token>``; the interceptor compares it
 and answers ``UNAUTHENTICATED`` otherwise. Health checking and reflection are exempt so load
 balancers and ``grpcurl`` work without the secret. The token comes from ``--token-file`` /
 ``service.token_file`` or the ``MIXRL_TOKEN`` environment variable; there is no default token.
+``mixrl-train`` (which starts the service with its learner) uses ``service.token_file``'s token
+when the file exists and otherwise writes a new one there (``ensure_token_file``); without it, a
+fresh token in ``<run>/token``.
 """
 
 from __future__ import annotations
