@@ -74,7 +74,7 @@ def here(platform: str | None = None) -> Where:
     platform = normalize_platform(platform or jax.default_backend())
     try:
         kind = jax.devices(platform)[0].device_kind
-    except RuntimeError:
+    except (RuntimeError, ValueError):  # no such backend in this process
         kind = "unknown"
     return Where(platform, kind, jax_minor(jax.__version__))
 
