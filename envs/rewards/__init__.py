@@ -81,12 +81,20 @@ class _Worker:
         self.proc = subprocess.Popen([sys.executable, "-m", "envs.rewards.worker"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, env=env, start_new_session=True)
         self.loaded: set[str] = set()
+        self.busy = False  # a thread is in call(): kill() then leaves its pipe to it
         self._next_id = 0
         self._buf = b""
 
     def call(self, request: dict, timeout: float) -> dict | None:
         """The answer to ``request``, or None if none came within ``timeout`` s (the worker is
         then killed); ``_WorkerFailed`` if the worker died or broke the protocol."""
+        self.busy = True
+        try:
+            return self._call(request, timeout)
+        finally:
+            self.busy = False
+
+    def _call(self, request: dict, timeout: float) -> dict | None:
         self._next_id += 1
         rid = self._next_id
         try:
@@ -96,14 +104,17 @@ class _Worker:
             raise _WorkerFailed("worker_died", f"reward worker exited (code {self.proc.poll()}): {e}") \
                 from None
         deadline = time.monotonic() + timeout
-        fd = self.proc.stdout.fileno()
         while b"\n" not in self._buf:
             left = deadline - time.monotonic()
-            ready, _, _ = select.select([fd], [], [], max(0.0, left))
-            if not ready:
+            try:  # the pool may be closed under us: its pipes are then gone
+                fd = self.proc.stdout.fileno()
+                ready, _, _ = select.select([fd], [], [], max(0.0, left))
+                data = os.read(fd, 1 << 20) if ready else None
+            except (OSError, ValueError) as e:
+                raise _WorkerFailed("worker_died", f"reward worker stopped ({e})") from None
+            if data is None:
                 self.kill()
                 return None
-            data = os.read(fd, 1 << 20)
             if not data:
                 raise _WorkerFailed("worker_died", f"reward worker exited (code {self.proc.wait()})")
             self._buf += data
@@ -126,7 +137,8 @@ class _Worker:
         except (ProcessLookupError, PermissionError):
             pass
         self.proc.wait()
-        for f in (self.proc.stdin, self.proc.stdout):
+        # A thread reading the answer sees EOF and closes its pipe itself (never a reused fd).
+        for f in (self.proc.stdin,) if self.busy else (self.proc.stdin, self.proc.stdout):
             try:
                 f.close()
             except OSError:

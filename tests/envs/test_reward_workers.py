@@ -23,7 +23,7 @@ HERE = Path(__file__).parent
 def pool():
     mp = pytest.MonkeyPatch()
     mp.syspath_prepend(str(HERE))  # the workers inherit the trainer's import path
-    pool = RewardPool("hostile_rewards:hostile", workers=1, timeout_s=3.0, memory_bytes=1024**3)
+    pool = RewardPool("hostile_rewards:hostile", workers=1, timeout_s=2.0, memory_bytes=1024**3)
     try:
         pool.check()
         yield pool
