@@ -59,6 +59,8 @@ ATTACKS = {
                            "def add(a, b):\n    return Any()\n",
     "int subclass, patched eq": "class I(int):\n    def __eq__(self, other):\n        return True\n"
                                 "    __hash__ = int.__hash__\n\ndef add(a, b):\n    return I(0)\n",
+    "str subclass, patched eq": "class S(str):\n    def __eq__(self, other):\n        return True\n"
+                                "    __hash__ = str.__hash__\n\ndef add(a, b):\n    return S('')\n",
     "patched builtins and json": WRONG + "import builtins, json\nbuiltins.type = lambda o: int\n"
                                  "json.dumps = lambda *a, **k: '5'\n",
     "json claims one result": WRONG + "import json\njson.dumps = lambda *a, **k: '{\"i\": 0, \"v\": 5}'\n",
