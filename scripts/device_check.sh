@@ -64,6 +64,8 @@ if [ ${#tiny[@]} -eq 0 ]; then
   run_part train 135 train --timeout 120
 else
   # (a shared CPU can be many times slower than an idle one: deadlines for hangs, not for speed)
+  # XLA:CPU's backend optimisations cost most of a toy step's compile and buy nothing here.
+  export XLA_FLAGS="${XLA_FLAGS:+$XLA_FLAGS }--xla_backend_optimization_level=0"
   run_part kernels 400 kernels --tiny & run_part jax 400 jax "${jax_args[@]}" &
   run_part torch 400 torch --tiny & run_part train 400 train --tiny --timeout 380 &
   wait
