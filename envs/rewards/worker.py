@@ -182,9 +182,14 @@ def _child(fn: Callable, kwargs: dict, out: int, memory_bytes: int, supervisor: 
 
 
 def _children(pid: int) -> list[int]:
+    """The children of every thread of ``pid`` (an orphan is reparented to any thread of a
+    subreaper: the user module may have started threads here at import)."""
     try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            return [int(x) for x in f.read().split()]
+        found = []
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                found += [int(x) for x in f.read().split()]
+        return found
     except OSError:
         found = []
         for entry in os.listdir("/proc"):
