@@ -4,8 +4,13 @@ Options: ``path`` (a local ``.jsonl`` or ``.parquet``, read with the Hugging Fac
 library), ``prompt_key`` (a string becomes one user message; a list of ``{role, content}``
 messages is used as is), ``answer_key`` (optional), ``system_prompt`` (optional), ``reward`` (a
 built-in name or ``package.module:function``, see ``envs.rewards``), ``reward_timeout_s``,
-``reward_workers``, ``shuffle_seed`` and ``eval_path`` (a held-out file for the periodic
-evaluation).
+``reward_workers``, ``shuffle_seed``, ``eval_path`` (a held-out file for the periodic
+evaluation), ``max_row_bytes`` (default 1 MiB: a longer JSONL line is a bad row, found after
+reading that much of it) and ``skip_bad_rows``. Typed and checked at config load
+(``envs.options.DatasetOptions``), and so is every row of the files: a line that is not JSON, not
+an object, lacks the prompt or answer column or holds a prompt that is neither text nor messages
+is one error naming the file and line, or, with ``skip_bad_rows: true``, left out and counted
+(``env/dataset/skipped_rows`` in the metrics). A bad row never becomes a task.
 
 The environment's ``k``-th task is row ``perm_e[k % N]`` with ``e = k // N`` and ``perm_e`` a
 permutation seeded by ``(shuffle_seed, e)``: every epoch is reshuffled deterministically and a
@@ -17,6 +22,7 @@ and scores the decoded reply with the reward in its worker pool.
 from __future__ import annotations
 
 import functools
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -26,58 +32,173 @@ import numpy as np
 from convert.tokenizer import special_token_ids
 from envs.base import Environment, Episode, StepResult, Task, register_env
 from envs.chat import Chat
-from envs.rewards import RewardPool, RewardResult, check_reward_spec
+from envs.options import MIB, DatasetOptions, check_env_options
+from envs.reward_check import check_reward_target
+from envs.rewards import RewardPool, RewardResult
 from envs.sandbox import ALLOW_UNBOUNDED_ENV, SandboxUnavailable, check_jail_support
 
 SUFFIXES = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
-OPTIONS = ("path", "prompt_key", "answer_key", "system_prompt", "reward", "reward_timeout_s",
-           "reward_workers", "shuffle_seed", "eval_path", "allow_unbounded_memory")
+OPTIONS = tuple(DatasetOptions.model_fields)
+_SKIP_CHUNK = 64 * 1024  # how much of an over-long line is read (and dropped) at a time
 
 
-def check_options(options: dict[str, Any]) -> None:
-    """One error line for options that cannot work, before anything is loaded (config load time)."""
-    unknown = sorted(set(options) - set(OPTIONS))
-    if unknown:
-        raise ValueError(f"dataset: unknown options {unknown}; known: {list(OPTIONS)}")
+def check_options(options: dict[str, Any]) -> DatasetOptions:
+    """One error line for options that cannot work (config load time): each option's name and
+    type (``envs.options.DatasetOptions``), the files, and every row of them (``load_rows``:
+    streamed, each line capped, the columns present), so a bad row is found before anything
+    starts. The rows stay cached for the environment that follows."""
     if not options.get("path"):
         raise ValueError("dataset: options.path is required (a .jsonl or .parquet file)")
+    try:
+        opts = check_env_options("dataset", options)
+    except ValueError as e:
+        raise ValueError(f"dataset: {e}") from None
     for key in ("path", "eval_path"):
-        if options.get(key) is None:
+        if getattr(opts, key) is None:
             continue
-        path = Path(str(options[key]))
+        path = Path(getattr(opts, key))
         if path.suffix not in SUFFIXES:
             raise ValueError(f"dataset: options.{key} {str(path)!r} is not .jsonl or .parquet")
         if not path.is_file():
             raise ValueError(f"dataset: options.{key} {str(path)!r} does not exist")
-    if not isinstance(options.get("prompt_key", "prompt"), str):
-        raise ValueError("dataset: options.prompt_key must be a column name")
-    check_reward_spec(options.get("reward", "exact"))
-    if not isinstance(options.get("allow_unbounded_memory", False), bool):
-        raise ValueError("dataset: options.allow_unbounded_memory must be true or false, "
-                         f"got {options['allow_unbounded_memory']!r}")
-    if options.get("reward") == "code":  # its sandbox needs a cgroup, or the explicit opt-out
+    if opts.reward == "code":  # its sandbox needs a cgroup, or the explicit opt-out
         try:
-            check_jail_support(options.get("allow_unbounded_memory") is True)
+            check_jail_support(opts.allow_unbounded_memory)
         except SandboxUnavailable as e:
             raise ValueError(f"dataset: reward code: {e}") from None
-    timeout = options.get("reward_timeout_s", 10.0)
-    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
-        raise ValueError(f"dataset: options.reward_timeout_s must be a number > 0, got {timeout!r}")
-    for key, low in (("reward_workers", 1), ("shuffle_seed", 0)):
-        value = options.get(key, low)
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ValueError(f"dataset: options.{key} must be an integer >= {low}, got {value!r}")
+    check_reward_target(opts.reward)
+    for path in filter(None, (opts.path, opts.eval_path)):
+        rows_of(path, opts)
+    return opts
 
 
-@functools.cache
-def load_rows(path: str):
-    """The file as a ``datasets.Dataset`` (memory-mapped arrow; rows by index)."""
-    import datasets
+class BadRow(ValueError):
+    """A dataset row that cannot be a task; the message names the file and the line or row."""
 
-    datasets.disable_progress_bars()
+
+class Rows:
+    """A dataset's good rows: ``rows[i]`` a row (dict), ``rows[key]`` a column, ``len(rows)``;
+    ``skipped`` bad rows were left out (``options.skip_bad_rows``)."""
+
+    def __init__(self, path: str, source, columns: list[str], index: list[int] | None = None,
+                 skipped: int = 0):
+        self.path, self._source, self.column_names = path, source, columns
+        self._index, self.skipped = index, skipped
+
+    def __len__(self) -> int:
+        return len(self._index) if self._index is not None else len(self._source)
+
+    def __getitem__(self, key):
+        if isinstance(key, str):
+            return [self[i][key] for i in range(len(self))]
+        return self._source[self._index[key] if self._index is not None else key]
+
+
+def rows_of(path: str, opts: DatasetOptions) -> Rows:
+    """``load_rows`` of ``path`` with the options' columns, cap and skipping."""
+    return load_rows(str(path), prompt_key=opts.prompt_key, answer_key=opts.answer_key,
+                     max_row_bytes=opts.max_row_bytes, skip_bad_rows=opts.skip_bad_rows)
+
+
+def load_rows(path: str, *, prompt_key: str = "prompt", answer_key: str | None = None,
+              max_row_bytes: int = MIB, skip_bad_rows: bool = False) -> Rows:
+    """The file's rows, each checked: a JSONL file is streamed, never holding more than
+    ``max_row_bytes`` of a line (a 100 MiB line is refused after reading 1 MiB of it, not parsed);
+    a row that is not a JSON object, lacks ``prompt_key`` / ``answer_key`` or whose prompt is
+    neither text nor messages is a ``BadRow`` naming the file and line, or, with
+    ``skip_bad_rows``, left out and counted (``Rows.skipped``). Cached per file version."""
+    st = os.stat(path)
+    return _load_rows(path, st.st_mtime_ns, st.st_size, prompt_key, answer_key, max_row_bytes,
+                      skip_bad_rows)
+
+
+@functools.lru_cache(maxsize=16)
+def _load_rows(path: str, _mtime: int, _size: int, prompt_key: str, answer_key: str | None,
+               max_row_bytes: int, skip_bad_rows: bool) -> Rows:
+    skipped = 0
     if path.endswith(".parquet"):
-        return datasets.Dataset.from_parquet(path)
-    return datasets.Dataset.from_json(path)
+        import datasets
+
+        datasets.disable_progress_bars()
+        table = datasets.Dataset.from_parquet(path)
+        columns = list(table.column_names)
+        missing = [k for k in (prompt_key, answer_key) if k is not None and k not in columns]
+        if missing:  # a parquet file's columns are the same for every row
+            raise BadRow(f"dataset {path}: no column {missing[0]!r}; columns: {columns}")
+        good = []
+        for i, prompt in enumerate(table[prompt_key]):
+            problem = _prompt_problem(prompt, prompt_key)
+            if problem is None:
+                good.append(i)
+            elif skip_bad_rows:
+                skipped += 1
+            else:
+                raise BadRow(f"dataset {path} row {i + 1}: {problem}")
+        rows = Rows(path, table, columns, None if skipped == 0 else good, skipped)
+    else:
+        items: list[dict] = []
+        columns: dict[str, None] = {}
+        for line_no, row, problem in _jsonl(path, max_row_bytes):
+            if problem is None:
+                problem = _row_problem(row, prompt_key, answer_key)
+            if problem is not None:
+                if not skip_bad_rows:
+                    raise BadRow(f"dataset {path} line {line_no}: {problem} (options.skip_bad_rows: "
+                                 "true skips such rows)")
+                skipped += 1
+                continue
+            items.append(row)
+            columns.update(dict.fromkeys(row))
+        rows = Rows(path, items, list(columns), None, skipped)
+    if len(rows) == 0:
+        raise BadRow(f"dataset {path} has no rows" + (f" ({skipped} bad rows skipped)" if skipped else ""))
+    return rows
+
+
+def _jsonl(path: str, cap: int):
+    """``(line number, object or None, problem or None)`` per non-blank line, reading at most
+    ``cap + 1`` bytes of a line at once (the rest of a longer line is read in chunks and dropped)."""
+    with open(path, "rb") as f:
+        line_no = 0
+        while True:
+            line = f.readline(cap + 2)  # the line, its "\r\n", and one byte to see it is longer
+            if not line:
+                return
+            line_no += 1
+            body = line.rstrip(b"\r\n")
+            if len(body) > cap:
+                while line and not line.endswith(b"\n"):
+                    line = f.readline(_SKIP_CHUNK)
+                yield line_no, None, f"longer than options.max_row_bytes ({cap} bytes)"
+                continue
+            if not body.strip():
+                continue
+            try:
+                row = json.loads(body)
+            except (ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError
+                yield line_no, None, f"invalid JSON ({' '.join(str(e).split())[:120]})"
+                continue
+            yield line_no, row, None
+
+
+def _row_problem(row, prompt_key: str, answer_key: str | None) -> str | None:
+    if not isinstance(row, dict):
+        return f"not a JSON object (a {type(row).__name__})"
+    for key in (prompt_key, answer_key):
+        if key is not None and key not in row:
+            return f"no column {key!r} (options.{'prompt_key' if key == prompt_key else 'answer_key'}); " \
+                   f"columns: {list(row)[:20]}"
+    return _prompt_problem(row[prompt_key], prompt_key)
+
+
+def _prompt_problem(prompt, key: str) -> str | None:
+    if isinstance(prompt, str):
+        return None if prompt else f"column {key!r} is empty"
+    if (isinstance(prompt, list) and prompt and all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+            for m in prompt)):
+        return None
+    return f"column {key!r} is neither text nor a list of {{role, content}} messages"
 
 
 def prompt_messages(prompt, system_prompt: str | None = None, *, where: str = "dataset") -> list[dict]:
@@ -107,17 +228,13 @@ def longest_prompt(tokenizer, options: dict[str, Any], chat_template_kwargs: dic
     as the episodes render it (the chat template, the system prompt): what the batch-shape check
     (``trainer_jax.batch_shape``) budgets for. One pass over the prompt column; the rows stay
     loaded (``load_rows`` is cached) for the environment that follows."""
-    check_options(options)
-    path, key = str(options["path"]), options.get("prompt_key", "prompt")
-    rows = load_rows(path)
-    if key not in rows.column_names:
-        raise ValueError(f"dataset {path}: no column {key!r}; columns: {rows.column_names}")
-    if len(rows) == 0:
-        raise ValueError(f"dataset {path} has no rows")
+    opts = check_options(options)
+    path, key = opts.path, opts.prompt_key
+    rows = rows_of(path, opts)
     chat = Chat.from_tokenizer(tokenizer)
     if chat is None and special_token_ids(tokenizer).get("eos") is None:
         raise ValueError("dataset: the tokenizer has neither a chat template nor an <eos> token")
-    system = options.get("system_prompt")
+    system = opts.system_prompt
     texts = [render_prompt(chat, prompt_messages(p, system, where=f"dataset {path}"), chat_template_kwargs)
              for p in rows[key]]
     if chat is not None:
@@ -146,28 +263,24 @@ class DatasetTasks(Environment):
     def __init__(self, tokenizer, difficulty: int = 1, *, path: str | None = None, prompt_key: str = "prompt",
                  answer_key: str | None = None, system_prompt: str | None = None, reward: str = "exact",
                  reward_timeout_s: float = 10.0, reward_workers: int = 2, shuffle_seed: int = 0,
-                 eval_path: str | None = None, allow_unbounded_memory: bool = False):
+                 eval_path: str | None = None, allow_unbounded_memory: bool = False,
+                 max_row_bytes: int = MIB, skip_bad_rows: bool = False):
         super().__init__(tokenizer, difficulty)
         if path is None:
             # What a sampler sees building the environment by name: it generates from the task's
             # prompt ids instead (the trainer scores the reply).
             raise ValueError("dataset tasks are built and scored on the trainer (the rows stay there); "
                              "samplers generate from the task's prompt ids")
-        options = {k: v for k, v in dict(path=path, eval_path=eval_path, reward=reward,
-                                           reward_timeout_s=reward_timeout_s,
-                                           allow_unbounded_memory=allow_unbounded_memory).items()
-                   if v is not None}
-        check_options(options)
+        options = dict(path=path, prompt_key=prompt_key, answer_key=answer_key, system_prompt=system_prompt,
+                       reward=reward, reward_timeout_s=reward_timeout_s, reward_workers=reward_workers,
+                       shuffle_seed=shuffle_seed, eval_path=eval_path,
+                       allow_unbounded_memory=allow_unbounded_memory, max_row_bytes=max_row_bytes,
+                       skip_bad_rows=skip_bad_rows)
+        self.options = check_options({k: v for k, v in options.items() if v is not None})
         self.path, self.eval_path = str(path), eval_path
         self.prompt_key, self.answer_key, self.system_prompt = prompt_key, answer_key, system_prompt
         self.shuffle_seed = shuffle_seed
-        self.rows = load_rows(self.path)
-        missing = [k for k in (prompt_key, answer_key) if k is not None and k not in self.rows.column_names]
-        if missing:
-            raise ValueError(f"dataset {self.path}: no column {missing[0]!r}; "
-                             f"columns: {self.rows.column_names}")
-        if len(self.rows) == 0:
-            raise ValueError(f"dataset {self.path} has no rows")
+        self.rows = rows_of(self.path, self.options)
         if allow_unbounded_memory:  # the reward workers' sandboxes read it from their environment
             os.environ[ALLOW_UNBOUNDED_ENV] = "1"
         self.reward = RewardPool(reward, workers=reward_workers, timeout_s=reward_timeout_s)
@@ -187,8 +300,13 @@ class DatasetTasks(Environment):
             return self
         other = object.__new__(DatasetTasks)
         other.__dict__.update(self.__dict__, path=self.eval_path, eval_path=None,
-                              rows=load_rows(self.eval_path), _perms={})
+                              rows=rows_of(self.eval_path, self.options), _perms={})
         return other
+
+    def load_metrics(self) -> dict[str, float]:
+        """What loading the rows counted: ``skipped_rows`` (``options.skip_bad_rows``), reported
+        as ``env/dataset/skipped_rows`` with every step's metrics (nothing when none was)."""
+        return {"skipped_rows": float(self.rows.skipped)} if self.rows.skipped else {}
 
     def row_index(self, draw: int) -> int:
         n = len(self.rows)

@@ -62,13 +62,18 @@ def main(argv: list[str] | None = None) -> int:
         overrides.append(f"run.dir={args.run_dir}")
     if args.steps is not None:
         overrides.append(f"run.steps={args.steps}")
+    # Bad input is one line on stderr and exit 2, before the model is built or the previous run
+    # is moved aside (the config, the files it names, then the machine's devices in train()).
+    errors = Console(stderr=True, soft_wrap=True)
     try:
         cfg = load_config(args.config, overrides)
         from trainer_jax.batch_shape import check_config
+        from trainer_jax.config.checks import check_model_files
 
+        check_model_files(cfg)  # the model directory's tokenizer and the chat template tasks need
         check_config(cfg)  # a batch shape that drops samples, before JAX is imported
     except ConfigError as e:
-        console.print(f"[red]error:[/red] {e}", highlight=False)
+        errors.print(f"[red]error:[/red] {' '.join(str(e).split())}", highlight=False)
         return 2
 
     from trainer_jax.train import train  # heavy imports after argument checks
@@ -84,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         summary = train(cfg, resume=args.resume, console=console)
     except ConfigError as e:  # the config against the machine (mesh, platform): found at setup
-        console.print(f"[red]error:[/red] {e}", highlight=False)
+        errors.print(f"[red]error:[/red] {' '.join(str(e).split())}", highlight=False)
         return 2
     except (CheckpointError, StorageError, OSError) as e:  # disk full, unwritable, corrupt: one line
         console.print(f"[red]error:[/red] {' '.join(str(e).split())}")

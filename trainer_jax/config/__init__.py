@@ -124,7 +124,9 @@ def load_config(path: str | os.PathLike | None, overrides: list[str] | tuple[str
         try:
             tree = yaml.safe_load(p.read_text()) or {}
         except yaml.YAMLError as e:
-            raise ConfigError(f"{p} is not valid YAML ({e})") from None
+            raise ConfigError(f"{p} is not valid YAML ({' '.join(str(e).split())})") from None
+        except (OSError, UnicodeDecodeError) as e:  # a directory, unreadable, not text
+            raise ConfigError(f"config file {p} cannot be read: {e}") from None
         if not isinstance(tree, dict):
             raise ConfigError(f"{p}: top level must be a mapping")
     for override in overrides:
@@ -132,9 +134,22 @@ def load_config(path: str | os.PathLike | None, overrides: list[str] | tuple[str
     try:
         return RunConfig.model_validate(tree)
     except ValidationError as e:
-        problems = "; ".join(
-            f"{'.'.join(str(x) for x in err['loc'])}: {err['msg']}" for err in e.errors())
-        raise ConfigError(f"invalid config{f' {path}' if path else ''}: {problems}") from None
+        raise ConfigError(f"invalid config{f' {path}' if path else ''}: {describe(e)}") from None
+    except (ValueError, TypeError, OSError) as e:  # raised past pydantic by a validator's helper
+        raise ConfigError(f"invalid config{f' {path}' if path else ''}: {' '.join(str(e).split())}") \
+            from None
+
+
+def describe(e: ValidationError) -> str:
+    """Pydantic's errors as one line, each ``key.path: problem`` (a validator's ``ValueError``
+    without pydantic's "Value error, " prefix; the value given, for a wrong type)."""
+    problems = []
+    for err in e.errors():
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        if err["type"].endswith(("_type", "_parsing", "literal_error", "enum")) and "input" in err:
+            msg += f", got {err['input']!r}"[:100]
+        problems.append(f"{'.'.join(str(x) for x in err['loc'])}: {msg}")
+    return " ".join("; ".join(problems).split())
 
 
 __all__ = ["BufferConfig", "ConfigError", "DistributedConfig", "MeshConfig", "MixEntry", "ModelConfig",

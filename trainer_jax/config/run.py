@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -112,10 +113,20 @@ class WeightsConfig(_Strict):
         if v is not None and "://" in v:
             import fsspec
 
-            scheme = v.split("://", 1)[0]
+            scheme, rest = v.split("://", 1)
             if scheme not in fsspec.available_protocols():
                 raise ValueError(f"weights root {v}: unknown URL scheme {scheme!r} (fsspec knows "
                                  "s3, gs, file, ...)")
+            try:  # the implementation's package (s3fs, gcsfs) is installed
+                fsspec.get_filesystem_class(scheme)
+            except (ImportError, ValueError) as e:
+                raise ValueError(f"weights root {v}: the {scheme} filesystem cannot be used here: "
+                                 f"{' '.join(str(e).split())}") from None
+            if scheme not in ("file", "local", "memory") and not rest.split("/", 1)[0]:
+                raise ValueError(f"weights root {v}: no bucket or host after {scheme}://")
+        elif v is not None and re.match(r"^[a-z][a-z0-9+.-]*:/[^/]", v):
+            raise ValueError(f"weights root {v}: looks like a URL with one slash (write "
+                             f"{v.split(':', 1)[0]}://...)")
         return v
 
 
@@ -158,6 +169,13 @@ class TrainConfig(_Strict):
     # A plain progress line every this many steps when the console is not a terminal (logs).
     log_every: int = Field(10, gt=0)
 
+    @field_validator("advantage")
+    @classmethod
+    def _known_advantage(cls, v: str) -> str:
+        from trainer_jax.objective.advantages import ADVANTAGE_ESTIMATORS  # JAX, as remat below
+
+        return one_of(v, ADVANTAGE_ESTIMATORS.names(), "advantage estimator")
+
     @field_validator("remat")
     @classmethod
     def _known_remat(cls, v: str) -> str:
@@ -182,6 +200,21 @@ class MixEntry(_Strict):
     weight: float = Field(1.0, gt=0)
     difficulty: int = Field(1, ge=1)
     options: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _typed_options(self) -> MixEntry:
+        # Each environment's options model (envs.options): a misspelt name, a wrong type or value
+        # is one line here, not a TypeError at the first episode or a value silently kept. A
+        # dataset's files are read and every row checked too (envs.dataset.check_options).
+        if self.env == "dataset":
+            from envs.dataset import check_options
+
+            check_options(self.options)
+        else:
+            from envs.options import check_env_options
+
+            check_env_options(self.env, self.options)
+        return self
 
 
 class TasksConfig(_Strict):
@@ -216,11 +249,7 @@ class TasksConfig(_Strict):
 
         for name in [m.env for m in self.mix] if self.env == "mix" else [self.env]:
             one_of(name, ENVIRONMENTS, "environment")
-        for m in self.mix_entries():
-            if m.env == "dataset":  # a missing file or a malformed reward name fails here, not at step 0
-                from envs.dataset import check_options
-
-                check_options(m.options)
+        for m in self.mix_entries():  # each entry's options were checked as it was built (MixEntry)
             if m.env == "shell":  # no jail here (not root, no cgroup): one line now, not at an episode
                 from envs.sandbox import SandboxUnavailable, check_jail_support
 

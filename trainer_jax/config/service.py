@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from trainer_jax.config.base import Strict as _Strict
+from trainer_jax.config.base import one_of
 
 
 class TLSConfig(_Strict):
@@ -52,6 +53,13 @@ class RouterConfig(_Strict):
     ema_alpha: float = Field(0.3, gt=0, le=1)
     interval_s: float = Field(1.0, gt=0)
     min_share: float = Field(0.05, ge=0, lt=1)
+
+    @field_validator("policy")
+    @classmethod
+    def _known_policy(cls, v: str) -> str:
+        from trainer_jax.service.router import POLICIES  # the registry: one definition of the names
+
+        return one_of(v, sorted(POLICIES), "router policy")
 
 
 class ServiceConfig(_Strict):

@@ -22,7 +22,7 @@ import numpy as np
 from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh
 
-from trainer_jax.config import MeshConfig
+from trainer_jax.config import ConfigError, MeshConfig
 
 log = logging.getLogger("mixrl.parallel")
 
@@ -35,25 +35,28 @@ _DCN = {"data": "dcn_data", "fsdp": "dcn_fsdp"}
 def mesh_shape(cfg: MeshConfig, num_devices: int) -> tuple[dict[str, int], dict[str, int]]:
     """(per-slice sizes, cross-slice sizes) of each axis for ``num_devices`` devices.
 
-    Resolves the one ``-1`` axis; raises ``ValueError`` when the sizes do not multiply out.
+    Resolves the one ``-1`` axis; raises ``ConfigError`` (a ``ValueError``) naming the ``mesh.*``
+    keys when the sizes do not multiply out: ``mixrl-train`` prints it as one line and exits 2,
+    right after the devices are found and before the run directory is touched.
     """
     dcn = {a: getattr(cfg, _DCN[a]) if a in _DCN else 1 for a in AXES}
     n_dcn = math.prod(dcn.values())
     if num_devices % n_dcn:
-        raise ValueError(f"{num_devices} devices cannot be split into {n_dcn} slices/hosts "
-                         f"(dcn sizes {dcn})")
+        raise ConfigError(f"mesh.dcn_data / mesh.dcn_fsdp: {num_devices} devices cannot be split "
+                          f"into {n_dcn} slices/hosts (dcn sizes {dcn})")
     per_slice = num_devices // n_dcn
     ici = {a: getattr(cfg, a) for a in AXES}
     fixed = math.prod(n for n in ici.values() if n != -1)
     free = [a for a, n in ici.items() if n == -1]
     if free:
         if per_slice % fixed:
-            raise ValueError(f"mesh {ici}: {per_slice} devices per slice are not a multiple of "
-                             f"the fixed axes' product {fixed}")
+            sizes = " x ".join(f"mesh.{a} {n}" for a, n in ici.items() if n != -1)
+            raise ConfigError(f"mesh: {per_slice} devices per slice are not a multiple of {sizes} "
+                              f"= {fixed}")
         ici[free[0]] = per_slice // fixed
     if math.prod(ici.values()) != per_slice:
-        raise ValueError(f"mesh {ici} x dcn {dcn} needs {math.prod(ici.values()) * n_dcn} "
-                         f"devices, have {num_devices}")
+        raise ConfigError(f"mesh: {ici} x dcn {dcn} needs {math.prod(ici.values()) * n_dcn} "
+                          f"devices, have {num_devices} (set mesh.data: -1 to use the devices there are)")
     return ici, dcn
 
 

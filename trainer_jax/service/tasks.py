@@ -176,6 +176,9 @@ class EnvTaskSource:
         overall, ``tool/*``)."""
         values = self.rewards.metrics([t for g in groups for t in g.trajectories])
         values.update(env_error_metrics(groups))
+        for env in self.envs:  # what loading counted (a dataset's skipped rows): env/<name>/<key>
+            for key, value in getattr(env, "load_metrics", dict)().items():
+                values[f"env/{env.name}/{key}"] = value
         stats: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
         for g in groups:
             env = g.task.private[1] if isinstance(g.task.private, tuple) else None

@@ -1,0 +1,52 @@
+"""Checks of a loaded config against the files it names, before anything starts (``mixrl-train``).
+
+``load_config`` validates what a config says; some keys name files that only the machine that
+trains has (a model directory: the shipped configs name ones that do not exist here), so they are
+checked by the command that is about to train, right after the config loads and before JAX, the
+model or the run directory: the model directory's tokenizer, and the chat template the tasks need
+with it. Each problem is a ``ConfigError`` of one line naming the key.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from trainer_jax.config import ConfigError, RunConfig
+
+# Environments that speak through a model's chat template when the tokenizer is a model's own
+# (without one they fall back to the character tokenizer's <bos>/<eos> framing).
+TEMPLATE_ENVS = ("dataset", "chat_math", "shell")
+
+
+def check_model_files(cfg: RunConfig) -> None:
+    """``model.hf_dir`` holds a readable ``tokenizer.json``; a task mix with a chat-template
+    environment has a template there (or a tokenizer with ``<bos>`` and ``<eos>``, the framing
+    those environments fall back to). Raises ``ConfigError``."""
+    if not cfg.model.hf_dir:
+        return
+    from convert.tokenizer import load_chat_template, load_tokenizer, special_token_ids
+
+    d = Path(cfg.model.hf_dir)
+    if not d.is_dir():
+        raise ConfigError(f"model.hf_dir {str(d)!r} is not a directory")
+    if not (d / "tokenizer.json").is_file():
+        raise ConfigError(f"model.hf_dir {str(d)!r} has no tokenizer.json")
+    try:
+        template = load_chat_template(d)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"model.hf_dir {str(d)!r}: tokenizer_config.json cannot be read: {e}") from None
+    needing = sorted({m.env for m in cfg.tasks.mix_entries() if m.env in TEMPLATE_ENVS})
+    if template is not None or not needing:
+        return
+    try:
+        specials = special_token_ids(load_tokenizer(d))
+    except Exception as e:  # noqa: BLE001  (a corrupt tokenizer.json: the tokenizers error, one line)
+        raise ConfigError(f"model.hf_dir {str(d)!r}: tokenizer.json cannot be loaded: "
+                          f"{' '.join(str(e).split())[:200]}") from None
+    if specials.get("bos") is None or specials.get("eos") is None:
+        raise ConfigError(f"model.hf_dir {str(d)!r}: the tokenizer has no chat template "
+                          f"(chat_template.jinja or tokenizer_config.json chat_template), which "
+                          f"tasks env {'/'.join(needing)} needs")
+
+
+__all__ = ["TEMPLATE_ENVS", "check_model_files"]
