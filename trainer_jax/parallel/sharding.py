@@ -90,7 +90,9 @@ def load_hf_sharded(path: str | os.PathLike, mesh: Mesh, rules: ShardingRules | 
 
     dtype = jnp.float32 if dtype is None else dtype
     try:
-        host = jax.devices("cpu")[0]
+        # This process's own CPU: with several processes on the CPU platform, jax.devices("cpu")
+        # lists every process's devices, and process 1 would load onto process 0's.
+        host = jax.local_devices(backend="cpu")[0]
     except RuntimeError:  # JAX_PLATFORMS without cpu: load onto the default device
         host = None
     if host is None:
