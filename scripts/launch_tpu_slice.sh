@@ -43,8 +43,9 @@ case $action in
     [[ $action == check ]] && default=".venv/bin/python -m trainer_jax.parallel.check"
     program=${MIXRL_CMD:-$default}
     args=$(printf '%q ' "$@")
-    # Every host logs to logs/<hostname>.log in the checkout on that host and to this terminal.
-    gcloud_tpu ssh "$tpu" --command "cd $remote_dir && mkdir -p logs && \
+    # Every host logs to logs/<hostname>.log in the checkout on that host and to this terminal;
+    # pipefail: a host's status is the trainer's, not tee's (a failed run must not exit 0).
+    gcloud_tpu ssh "$tpu" --command "set -o pipefail; cd $remote_dir && mkdir -p logs && \
       $program --config $(printf '%q' "$config") $args 2>&1 | tee logs/\$(hostname).log"
     ;;
   stop)

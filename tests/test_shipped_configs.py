@@ -1,0 +1,276 @@
+"""Every shipped launch config starts: each runs through its launcher script, on this CPU.
+
+``configs/gpu_host.yaml`` through ``scripts/launch_gpu_host.sh`` (one process, its 8-device mesh
+on 8 simulated CPU devices), ``configs/tpu_slice.yaml`` through ``scripts/launch_tpu_slice.sh`` and
+a stand-in ``gcloud`` that runs each worker's command here (two ``jax.distributed`` processes on
+localhost), ``configs/qwen3_gsm8k.yaml`` through ``mixrl-train`` from a directory holding its
+GSM8K-format data, as its README section says. Each trains two steps on a tiny model directory
+with a real byte-level BPE tokenizer and chat template, and an external ``mixrl-sample`` joins by
+address with the config's token file (and its TLS, with a certificate written here).
+
+The overrides are only those the issue allows (``OVERRIDES``: the model directory, mesh sizes,
+batch shape, new tokens, steps; process counts through the environment); every other key is as
+shipped, so a config that cannot start on a real machine for a reason these do not touch (a task
+a real tokenizer refuses, a token file ignored, a batch shape that drops samples) fails here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from shipped_setup import ROOT, Claims, load_test_module, make_tiny_model, make_tpu_workers, write_gsm8k
+
+from trainer_jax.config import load_config
+
+STEPS = 2
+NEW_TOKENS = 8  # tasks.sampling.max_new_tokens: a random tiny model's replies stay short
+DEADLINE_S = 420  # one config, start to end (CI's slowest machine; about a minute here)
+
+
+@dataclass
+class Case:
+    config: str
+    launcher: str  # gpu_host | tpu_slice | mixrl-train
+    overrides: list[str]
+    processes: int = 1
+    devices: int = 1  # simulated CPU devices per process
+    moe: bool = False
+    sampler_args: list[str] = field(default_factory=list)
+
+
+# Mesh sizes: the GPU host's own 8-device mesh (fsdp 4 x tensor 2); the slice's fsdp 4 x expert 8
+# over 32 chips becomes fsdp 2 x expert 2 over two processes of 2 devices. Rows stay a multiple of
+# the batch shards (data x fsdp x expert).
+CASES = {
+    "gpu_host": Case("configs/gpu_host.yaml", "gpu_host", devices=8, overrides=[
+        "train.rows=44", "train.row_len=256", "train.max_tokens=2048"]),
+    "tpu_slice": Case("configs/tpu_slice.yaml", "tpu_slice", processes=2, devices=2, moe=True, overrides=[
+        "mesh.fsdp=2", "mesh.expert=2", "train.rows=88", "train.row_len=256", "train.max_tokens=4096"]),
+    "qwen3_gsm8k": Case("configs/qwen3_gsm8k.yaml", "mixrl-train", overrides=[
+        "train.rows=88", "train.row_len=256", "train.max_tokens=4096"]),
+}
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory):
+    """One tokenizer + model directory of each kind and one certificate for every config."""
+    make_certs = load_test_module("tests/service/certs.py").make_certs
+    root = tmp_path_factory.mktemp("shipped")
+    return {"dense": make_tiny_model(root / "tiny-dense"),
+            "moe": make_tiny_model(root / "tiny-moe", moe=True), "certs": make_certs(root / "certs")}
+
+
+def _env(devices: int, **extra: str) -> dict[str, str]:
+    flags = os.environ.get("XLA_FLAGS", "")
+    return {**os.environ, "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "2", **extra,
+            "XLA_FLAGS": f"{flags} --xla_force_host_platform_device_count={devices}".strip()}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _port_free(port: int, wait_s: float = 30.0) -> bool:
+    """Whether the service can bind ``port`` (as gRPC does, with SO_REUSEADDR: the previous
+    config's connections in TIME_WAIT do not count), waiting up to ``wait_s`` for it."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(("0.0.0.0", port))
+                return True
+            except OSError:
+                if time.monotonic() > deadline:
+                    return False
+        time.sleep(0.5)
+
+
+def _kill(proc: subprocess.Popen | None) -> None:
+    """SIGTERM the process group, SIGKILL what is left after a few seconds."""
+    if proc is None or proc.poll() is not None:
+        return
+    for sig, wait in ((signal.SIGTERM, 15), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _tail(path: Path, n: int = 4000) -> str:
+    if not path.is_file():
+        return f"--- {path}: absent\n"
+    return f"--- {path}\n{path.read_text(errors='replace')[-n:]}\n"
+
+
+def _wait_for(predicate, proc: subprocess.Popen, deadline: float, what: str, logs) -> object:
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if proc.poll() is not None:
+            raise AssertionError(f"the launcher exited ({proc.returncode}) before {what}\n{logs()}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no {what} within {DEADLINE_S}s\n{logs()}")
+        time.sleep(0.5)
+
+
+def _address(log: Path) -> str | None:
+    text = log.read_text(errors="replace") if log.is_file() else ""
+    match = re.search(r"rollout service on (\S+):(\d+)", text)
+    return match and f"127.0.0.1:{match.group(2)}"  # the trainer listens on this machine
+
+
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("name", list(CASES))
+def test_shipped_config_starts_through_its_launcher(name, shared, tmp_path):
+    case = CASES[name]
+    model = shared["moe" if case.moe else "dense"]
+    overrides = [f"model.hf_dir={model}", f"run.steps={STEPS}",
+                 f"tasks.sampling.max_new_tokens={NEW_TOKENS}", *case.overrides]
+    cwd = ROOT if case.launcher != "mixrl-train" else tmp_path / "work"
+    if case.launcher == "mixrl-train":  # the README's layout: data next to where it runs
+        write_gsm8k(cwd)
+    # The config as the trainer will see it (relative paths from where it runs).
+    here = os.getcwd()
+    os.chdir(cwd)
+    try:
+        cfg = load_config(ROOT / case.config, overrides)
+    finally:
+        os.chdir(here)
+    run_dir = cwd / cfg.run.dir
+    claims = Claims()
+    launcher = sampler = None
+    log, sampler_log = tmp_path / "launcher.log", tmp_path / "sampler.log"
+    env = _env(case.devices)
+    try:
+        claims.directory(run_dir)
+        # The config's token file (or, without one, the run's own): samplers that join read it.
+        token_file = run_dir / "token"
+        if cfg.service.token_file:
+            token_file = claims.file(cwd / cfg.service.token_file)
+        if cfg.service.tls.enabled:  # the config's certificate paths, written here
+            for key, src in (("cert_file", "server_cert"), ("key_file", "server_key")):
+                pem = shared["certs"][src].read_bytes()
+                claims.file(Path(getattr(cfg.service.tls, key))).write_bytes(pem)
+        port = int(cfg.service.listen.rpartition(":")[2])
+        assert port == 0 or _port_free(port), f"{cfg.service.listen} ({case.config}'s service.listen) is busy"
+
+        worker_logs: list[Path] = []
+        if case.launcher == "gpu_host":
+            cmd = [str(ROOT / "scripts/launch_gpu_host.sh"), case.config, *overrides]
+            service_log = log
+        elif case.launcher == "tpu_slice":
+            bin_dir = make_tpu_workers(tmp_path / "tpu", case.processes)
+            env.update(PATH=f"{bin_dir}:{env['PATH']}", GCLOUD_STANDIN_ROOT=str(tmp_path / "tpu"),
+                       GCLOUD_STANDIN_WORKERS=str(case.processes),
+                       GCLOUD_STANDIN_COORDINATOR=f"127.0.0.1:{_free_port()}")
+            cmd = [str(ROOT / "scripts/launch_tpu_slice.sh"), "run", "test-slice", "local-zone", case.config,
+                   *overrides]
+            worker_logs = [tmp_path / "tpu" / f"worker-{i}" / "mixrl" / "logs" / f"tpu-worker-{i}.log"
+                           for i in range(case.processes)]
+            service_log = worker_logs[0]  # process 0 runs the rollout service
+        else:
+            cmd = [str(ROOT / ".venv/bin/mixrl-train"), "--config", str(ROOT / case.config), *overrides]
+            service_log = log
+
+        def logs() -> str:
+            return "".join(_tail(p) for p in (log, *worker_logs, sampler_log, *sorted(
+                (run_dir / "logs").glob("*.log"))))
+
+        t0 = time.monotonic()
+        deadline = t0 + DEADLINE_S
+        with open(log, "wb") as out:
+            launcher = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                        start_new_session=True)
+        if port:  # the config's address: join as soon as the token is there (the sampler retries
+            # until the service listens, and loads its model meanwhile)
+            _wait_for(token_file.is_file, launcher, deadline, f"token in {token_file}", logs)
+            address = f"127.0.0.1:{port}"
+        else:  # an ephemeral port: the address is in the start-up line
+            address = _wait_for(lambda: _address(service_log), launcher, deadline, "the service's line", logs)
+            assert token_file.is_file(), f"no token in {token_file} once the service listens\n{logs()}"
+
+        # The external sampler joins the evaluation group (the run waits on it), as a user would.
+        group = next(g for g in cfg.groups if g.name == cfg.eval_group)
+        scmd = [sys.executable, "-m", "sampler_torch.cli", "--trainer", address, "--group", group.name,
+                "--recipe", group.recipe, "--model-dir", str(model), "--token-file", str(token_file),
+                "--name", f"external-{name}", "--capacity", "64", "--weights-cache", str(tmp_path / "cache"),
+                "--exit-with-parent", str(os.getpid())]
+        if group.kv_cache_dtype:
+            scmd += ["--recipe-override", f"kv_cache_dtype={group.kv_cache_dtype}"]
+        if cfg.service.tls.enabled:
+            scmd += ["--tls-ca", str(shared["certs"]["ca"])]
+        with open(sampler_log, "wb") as out:
+            sampler = subprocess.Popen(scmd, cwd=tmp_path, env=_env(1), stdout=out, stderr=subprocess.STDOUT,
+                                       start_new_session=True)
+        try:
+            launcher.wait(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"{case.config} did not finish {STEPS} steps within {DEADLINE_S}s\n"
+                                 f"{logs()}") from None
+        took = time.monotonic() - t0
+        assert launcher.returncode == 0, f"{case.config}: launcher exited {launcher.returncode}\n{logs()}"
+        _kill(sampler)  # SIGTERM: it reports its counts and exits 0
+        assert sampler.returncode == 0, f"external sampler exited {sampler.returncode}\n{logs()}"
+
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert (summary["steps"], summary["processes"]) == (STEPS, case.processes), summary
+        assert summary["devices"] == case.processes * case.devices, summary
+        records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        trained = {r["step"]: r for r in records if r.get("step", 0) > 0 and "loss" in r}
+        assert sorted(trained) == [1, 2] and all(r["samples_trained"] > 0 for r in trained.values()), records
+        # Every sample of a step fits the shape (nothing carried or dropped) ...
+        assert all(r["samples_too_long_total"] == 0 and r["samples_dropped_total"] == 0
+                   for r in trained.values()), trained
+        # ... and the external sampler's samples were among them.
+        share = [r.get(f"group/{group.name}/sample_share", 0.0) for r in trained.values()]
+        assert sum(share) > 0, (group.name, trained)
+        accepted = re.search(r"done: \d+ rounds, (\d+) accepted", sampler_log.read_text(errors="replace"))
+        assert accepted and int(accepted.group(1)) > 0, logs()
+        print(f"{name}: {took:.0f}s through {case.launcher}")
+    finally:
+        _kill(sampler)
+        _kill(launcher)
+        claims.release()
+
+
+def test_tpu_launcher_runs_every_worker_and_reports_a_failed_one(tmp_path):
+    """The stand-in slice itself: each worker runs the launcher's command in its own checkout with
+    its own jax.distributed place, logs to logs/<hostname>.log, and a worker that fails makes
+    the launcher fail (the command pipes through tee: without pipefail it exited 0)."""
+    bin_dir = make_tpu_workers(tmp_path, 2)
+    program = tmp_path / "program.sh"
+    program.write_text('#!/bin/sh\necho "process $MIXRL_PROCESS_ID of $MIXRL_NUM_PROCESSES in $PWD: $*"\n'
+                       '[ "$MIXRL_PROCESS_ID" != "${FAIL_PROCESS:-}" ] || exit 3\n')
+    program.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "GCLOUD_STANDIN_ROOT": str(tmp_path),
+           "GCLOUD_STANDIN_WORKERS": "2", "GCLOUD_STANDIN_COORDINATOR": "127.0.0.1:1",
+           "MIXRL_CMD": str(program)}
+    cmd = [str(ROOT / "scripts/launch_tpu_slice.sh"), "run", "s", "z", "configs/tpu_slice.yaml",
+           "run.steps=2"]
+    ok = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    for i in range(2):
+        log = (tmp_path / f"worker-{i}/mixrl/logs/tpu-worker-{i}.log").read_text()
+        assert log == (f"process {i} of 2 in {tmp_path}/worker-{i}/mixrl: "
+                       "--config configs/tpu_slice.yaml run.steps=2\n"), log
+    failed = subprocess.run(cmd, env={**env, "FAIL_PROCESS": "1"}, capture_output=True, text=True, timeout=60)
+    assert failed.returncode == 3, failed.stdout + failed.stderr
