@@ -12,6 +12,9 @@ every format is exported by the converter (``convert.export.export_hf``), and fo
   setting (compile on/off, sdpa/eager attention, an fp8 KV cache);
   ``bf16_vs_fastest_bf16`` is the default's throughput over the fastest ``bf16+`` variant of
   the same numerics (attention / compile variants; the fp8-KV row is a different precision);
+  ``fp8+native`` / ``fp8+emulate`` / ``int8+...`` force each quantized kernel, which is how
+  ``kernel: auto``'s per-device choice is checked (``sampler_torch.recipes.linear.use_native``;
+  a native kernel torch lacks on the device is recorded under ``skipped``);
 - ``tokens_per_s``: generated tokens per second of ``Engine.generate`` for ``--batch``
   prompts of ``--prompt-len`` tokens and ``--new-tokens`` new tokens each (temperature 1, no
   truncation, no stop tokens, so every request runs to its length; prefill included), median of
@@ -84,6 +87,12 @@ VARIANTS = {name: (name, {}, {}) for name in RECIPES} | {
     "bf16+eager+compile": ("bf16", {"attention": "eager"}, {"compile": True}),
     "bf16+kv_fp8_e4m3": ("bf16", {"kv_cache_dtype": "fp8_e4m3"}, {}),
     "fp8+kv_fp8_e4m3": ("fp8", {"kv_cache_dtype": "fp8_e4m3"}, {}),
+    # each quantized kernel forced, to check kernel: auto's per-device choice (a native kernel
+    # torch lacks on the device is recorded as skipped)
+    "fp8+native": ("fp8", {"kernel": "native"}, {}),
+    "fp8+emulate": ("fp8", {"kernel": "emulate"}, {}),
+    "int8+native": ("int8", {"kernel": "native"}, {}),
+    "int8+emulate": ("int8", {"kernel": "emulate"}, {}),
 }
 #: the bf16 variants of the same numerics the default is held against (within 10 % on the CPU)
 SAME_NUMERICS = [n for n in VARIANTS if n.startswith("bf16+") and "kv_" not in n]
@@ -297,9 +306,16 @@ def main() -> int:
                                      root / fmt, fmt)
         trainer_logp = None if args.no_mismatch else _trainer(root / "src")
         benches = {}
+        results["skipped"] = {}
         for name in args.recipes:
             fmt = get_recipe(VARIANTS[name][0]).weight_format
-            b = benches[name] = RecipeBench(name, exports[fmt], prompts, params, device)
+            try:
+                b = RecipeBench(name, exports[fmt], prompts, params, device)
+            except RuntimeError as e:  # e.g. kernel: native where torch has none
+                results["skipped"][name] = str(e)
+                print(f"{name:>20}: skipped ({e})", flush=True)
+                continue
+            benches[name] = b
             results["recipes"][name] = b.describe() | _mismatch(b.engine, b.outs, args.prompt_len,
                                                                 trainer_logp)
         hf = {"bfloat16": HFBench(exports["bf16"], prompts, args.new_tokens, torch.bfloat16, device),
@@ -315,7 +331,7 @@ def main() -> int:
     # The rows carry the median run's figures (by the bf16-vs-transformers ratio when measured).
     key = "bf16_vs_transformers_bf16" if "bf16_vs_transformers_bf16" in runs[0] else None
     median_run = (sorted(runs, key=lambda r: r[key])[len(runs) // 2] if key else runs[0])
-    for name in args.recipes:
+    for name in benches:
         results["recipes"][name] |= median_run["recipes"][name]
         r = results["recipes"][name]
         kl = "" if r["kl_b_p"] is None else f"  KL(b||p) {r['kl_b_p']:.2e}  k3 {r['k3']:.2e}"

@@ -31,22 +31,23 @@ def sample(model: Qwen3ForCausalLM, prompts: list[list[int]], *, max_new_tokens:
     if temperature <= 0:
         raise ValueError("temperature must be > 0")
     b = len(prompts)
-    lengths = torch.tensor([len(p) for p in prompts])
+    dev = next(model.parameters()).device  # the model's device; draws stay on CPU generators
+    lengths = torch.tensor([len(p) for p in prompts], device=dev)
     max_prompt = int(lengths.max())
     dtype = cache_dtype or next(model.parameters()).dtype
-    cache = KVCache.for_model(model.config, b, max_prompt + max_new_tokens, dtype=dtype)
+    cache = KVCache.for_model(model.config, b, max_prompt + max_new_tokens, dtype=dtype, device=dev)
     ids = torch.zeros(b, max_prompt, dtype=torch.long)
     for i, p in enumerate(prompts):
         ids[i, : len(p)] = torch.tensor(p)
     # Right padding: pad tokens are written past each prompt's end and overwritten by decoding.
-    logits = model(ids, cache=cache)
-    last = logits[torch.arange(b), lengths - 1]
+    logits = model(ids.to(dev), cache=cache)
+    last = logits[torch.arange(b, device=dev), lengths - 1]
     gens = [torch.Generator().manual_seed(seed + i) for i in range(b)]
     out = [Sample([], [], "length") for _ in range(b)]
     active = list(range(b))
     pos = lengths.clone()
     for _ in range(max_new_tokens):
-        logp = torch.log_softmax(last.float() / temperature, dim=-1)
+        logp = torch.log_softmax(last.float() / temperature, dim=-1).cpu()
         next_tokens = []
         for row, i in enumerate(active):
             tok = int(torch.multinomial(logp[row].exp(), 1, generator=gens[i]))
@@ -61,8 +62,8 @@ def sample(model: Qwen3ForCausalLM, prompts: list[list[int]], *, max_new_tokens:
             break
         rows = torch.tensor([row for row, _ in still])
         active = [i for _, i in still]
-        slots = torch.tensor(active)
-        tokens = torch.tensor(next_tokens)[rows][:, None]
+        slots = torch.tensor(active, device=dev)
+        tokens = torch.tensor(next_tokens)[rows][:, None].to(dev)
         last = model(tokens, positions=pos[slots][:, None], cache=cache, slots=slots)[:, -1]
         pos[slots] += 1
     return out

@@ -106,6 +106,21 @@ def _static_decode(weights: tuple, caches: tuple, tokens: torch.Tensor, position
     return F.linear(h.to(lm_head.dtype), lm_head)[:, 0].float()
 
 
+def _grouped_eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                   groups: int, hd: int) -> torch.Tensor:
+    """Explicit attention (float32 scores and softmax) of ``q [B, H, T, hd]`` over ``k, v
+    [B, K, L, hd]`` with ``H = K * groups``, without repeating keys and values per query head:
+    the ``groups`` query heads of a KV head are stacked as ``groups * T`` rows against it (the same
+    products as ``repeat_interleave``, for a copy of the cache per layer and step less)."""
+    b, nh, t, _ = q.shape
+    nk, length = k.shape[1], k.shape[2]
+    qg = q.float().reshape(b, nk, groups * t, hd)
+    scores = (qg @ k.float().transpose(-1, -2)) * hd ** -0.5            # [B, K, groups*T, L]
+    scores = scores.view(b, nk, groups, t, length).masked_fill(
+        ~mask[:, :, None], torch.finfo(torch.float32).min).view(b, nk, groups * t, length)
+    return (scores.softmax(-1).to(v.dtype) @ v).view(b, nh, t, -1)
+
+
 _COMPILED: dict[str, object] = {}
 
 
@@ -223,11 +238,7 @@ class EngineForward:
         groups = self.heads // self.kv_heads
         if self.attention == "sdpa":
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=groups > 1)
-        k = k.repeat_interleave(groups, dim=1)
-        v = v.repeat_interleave(groups, dim=1)
-        scores = (q.float() @ k.float().transpose(-1, -2)) * self.head_dim ** -0.5
-        scores = scores.masked_fill(~mask, torch.finfo(torch.float32).min)
-        return scores.softmax(-1).to(v.dtype) @ v
+        return _grouped_eager(q, k, v, mask, groups, self.head_dim)
 
     @torch.inference_mode()
     def hidden(self, input_ids: torch.Tensor, positions: torch.Tensor | None = None,

@@ -281,23 +281,50 @@ def native_kernel_available(kind: str, device: torch.device | str = "cpu") -> bo
     return _PROBES[key]
 
 
+#: (kind, device type) where ``kernel: auto`` emulates although torch runs the native kernel:
+#: torch's CPU ``_scaled_mm`` is a reference loop, 2.2x slower than the float32 emulation of the
+#: same block products (``benchmarks/bench_sampler.py --size small``: 899 vs 1,970 tok/s), while
+#: the CPU's ``_int_mm`` beats its emulation (3,534 vs 2,017 tok/s).
+SLOWER_THAN_EMULATION = {("fp8", "cpu")}
+
+
+def use_native(kind: str, kernel: str, device: torch.device | str = "cpu") -> bool:
+    """Whether a recipe with ``kernel`` (``auto``/``native``/``emulate``) runs the native ``kind``
+    kernel on ``device``: ``auto`` where torch runs it and it is the faster path there;
+    ``native`` insists (``RuntimeError`` where torch has none)."""
+    device = torch.device(device)
+    if kernel == "emulate":
+        return False
+    available = native_kernel_available(kind, device)
+    if kernel == "native":
+        if not available:
+            raise RuntimeError(f"the native {kind} kernel was asked for; torch does not run it on "
+                               f"{device}")
+        return True
+    return available and (kind, device.type) not in SLOWER_THAN_EMULATION
+
+
 def matmul_kernel(recipe: Recipe, device: torch.device | str = "cpu") -> str:
-    """``native`` or ``emulate``: how ``recipe``'s projections multiply on ``device``.
+    """``native``, ``emulate`` or ``unavailable``: how ``recipe``'s projections multiply on ``device``.
 
     ``native``: the GEMM the serving kernel runs (bf16 / fp32 weights in the compute dtype;
-    fp8 ``_scaled_mm`` and int8 ``_int_mm`` where the probe passes and the recipe's ``kernel``
-    allows). ``emulate``: the same arithmetic in float kernels -- quantized activations through
-    fake quantization (NVFP4 W4A4 always: no FP4 GEMM is wired here, not even on 10.x parts
-    where torch has one), and weight-only recipes whose export is decoded once at load to the
-    compute dtype instead of in a fused dequantizing kernel.
+    fp8 ``_scaled_mm`` and int8 ``_int_mm`` where the probe passes and ``use_native`` picks it:
+    ``kernel: auto`` emulates fp8 on the CPU, where that is faster). ``emulate``: the same
+    arithmetic in float kernels -- quantized activations through fake quantization (NVFP4 W4A4
+    always: no FP4 GEMM is wired here, not even on 10.x parts where torch has one), and
+    weight-only recipes whose export is decoded once at load to the compute dtype instead of in a
+    fused dequantizing kernel. ``unavailable``: ``kernel: native`` where torch has none.
     """
     act, fmt = recipe.activations, recipe.weight_format
     if fmt == "bf16":
         return "native"
-    if recipe.kernel == "emulate" or act in ("none", "nvfp4"):
+    if act in ("none", "nvfp4"):
         return "emulate"
-    return "native" if native_kernel_available("fp8" if act == "fp8_g128" else "int8",
-                                               device) else "emulate"
+    kind = "fp8" if act == "fp8_g128" else "int8"
+    try:
+        return "native" if use_native(kind, recipe.kernel, device) else "emulate"
+    except RuntimeError:  # kernel: native where there is none: the recipe cannot load here
+        return "unavailable"
 
 
 def recipe_kernels(device: torch.device | str = "cpu") -> dict[str, str]:
@@ -315,21 +342,18 @@ def make_linear(recipe: Recipe, parts: Mapping[str, np.ndarray],
     fmt, act = recipe.weight_format, recipe.activations
     device = torch.device(device)
 
-    def use_native(kind: str) -> bool:
-        if recipe.kernel == "emulate":
-            return False
-        available = native_kernel_available(kind, device)
-        if recipe.kernel == "native" and not available:
-            raise RuntimeError(f"recipe {recipe.name!r} asks for the native {kind} kernel, which "
-                               f"torch does not run on {device}")
-        return available
+    def native(kind: str) -> bool:
+        try:
+            return use_native(kind, recipe.kernel, device)
+        except RuntimeError as e:
+            raise RuntimeError(f"recipe {recipe.name!r}: {e}") from None
 
     if fmt == "fp8_block" and act == "fp8_g128":
-        return FP8BlockLinear(parts, native=use_native("fp8"), pad=device.type == "cuda")
+        return FP8BlockLinear(parts, native=native("fp8"), pad=device.type == "cuda")
     if fmt == "nvfp4" and act == "nvfp4":
         return NVFP4Linear(parts)
     if fmt == "w8a8_int8" and act == "int8_token":
-        return Int8Linear(parts, native=use_native("int8"), pad=device.type == "cuda")
+        return Int8Linear(parts, native=native("int8"), pad=device.type == "cuda")
     if act == "none" and fmt != "bf16":
         return DequantLinear(_dequantized(fmt, parts), torch_dtype(recipe), fmt)
     raise AssertionError(f"no linear for weights {fmt!r} with activations {act!r}")
