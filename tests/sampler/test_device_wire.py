@@ -14,6 +14,7 @@ from sampler_torch.client import Backoff, RolloutClient
 from trainer_jax.config import ConfigError, load_config
 from trainer_jax.samplers import sampler_command
 from trainer_jax.service import RolloutService
+from trainer_jax.service.server import watch_status_lines
 
 TOKEN = "device-token-0123"
 BASE = ["service.listen=127.0.0.1:0", "tasks.group_size=2", "tasks.sampling.max_new_tokens=8",
@@ -42,6 +43,7 @@ def test_registration_carries_device_and_kernels_into_status(service, caplog):
             a.register()
             b.register()
             st = a.status()
+            line = next(watch_status_lines(service, 0.01))  # mixrl-train serve's status line
         finally:
             a.close()
             b.close()
@@ -51,6 +53,7 @@ def test_registration_carries_device_and_kernels_into_status(service, caplog):
     assert dict(dev.kernels) == report["kernels"]
     assert set(dev.kernels) >= {"bf16", "fp8", "int8", "nvfp4_w4a4"}
     assert not by_name["old-sampler"].HasField("device")
+    assert " samplers=2 devices=?:1,cpu:1 " in line, line
     snap = {s["name"]: s for s in service.status()["samplers"]}
     assert snap["with-device"]["device"]["kernels"] == report["kernels"]
     lines = [r.getMessage() for r in caplog.records if "registered" in r.getMessage()]
