@@ -39,14 +39,23 @@ class ScaledFP8KVCache(KVCache):
         # Clamp first: e5m2 overflows to inf rather than saturating.
         return (x.float() / scale).clamp(-self.fp8_max, self.fp8_max).to(self.k[0].dtype)
 
+    # Stores and gathers go through uint8 views of the same bytes: indexing kernels for float8
+    # dtypes are missing on some devices / torch builds, byte copies are everywhere.
+
     def write(self, layer: int, slots: torch.Tensor, positions: torch.Tensor,
               k: torch.Tensor, v: torch.Tensor) -> None:
-        super().write(layer, slots, positions, self._encode(k, self.k_scales[layer]),
-                      self._encode(v, self.v_scales[layer]))
+        if int(positions.max()) >= self.max_len:
+            raise ValueError(f"position {int(positions.max())} is past the cache length {self.max_len}")
+        rows = slots[:, None]
+        for store, x, scale in ((self.k, k, self.k_scales[layer]), (self.v, v, self.v_scales[layer])):
+            codes = self._encode(x, scale).transpose(1, 2).contiguous().view(torch.uint8)
+            store[layer].view(torch.uint8)[rows, :, positions] = codes
 
     def read(self, layer: int, slots: torch.Tensor, length: int,
              dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        k, v = super().read(layer, slots, length, torch.float32)
+        fp8 = self.k[layer].dtype
+        k = self.k[layer].view(torch.uint8)[slots, :, :length].view(fp8).float()
+        v = self.v[layer].view(torch.uint8)[slots, :, :length].view(fp8).float()
         return (k * self.k_scales[layer]).to(dtype), (v * self.v_scales[layer]).to(dtype)
 
 
