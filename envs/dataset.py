@@ -39,7 +39,7 @@ from envs.sandbox import ALLOW_UNBOUNDED_ENV, SandboxUnavailable, check_jail_sup
 
 SUFFIXES = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 OPTIONS = tuple(DatasetOptions.model_fields)
-_SKIP_CHUNK = 64 * 1024  # how much of an over-long line is read (and dropped) at a time
+_CHUNK = 64 * 1024  # how much of a JSONL file is read at a time
 
 
 def check_options(options: dict[str, Any]) -> DatasetOptions:
@@ -155,20 +155,43 @@ def _load_rows(path: str, _mtime: int, _size: int, prompt_key: str, answer_key: 
     return rows
 
 
-def _jsonl(path: str, cap: int):
-    """``(line number, object or None, problem or None)`` per non-blank line, reading at most
-    ``cap + 1`` bytes of a line at once (the rest of a longer line is read in chunks and dropped)."""
-    with open(path, "rb") as f:
-        line_no = 0
+def _capped_lines(f, cap: int):
+    """Each line of the binary file ``f`` without its ending, as a bytearray reused for the next
+    line (parse it before asking for the next), or None for a line over ``cap`` bytes. Reads
+    ``_CHUNK`` bytes at a time and keeps at most ``cap + 1`` bytes of a line: memory follows the
+    cap, never the longest line (``readline`` would hold up to twice its limit)."""
+    buf, over = bytearray(), False
+    while True:
+        chunk = f.read(_CHUNK)
+        view, start = memoryview(chunk), 0
         while True:
-            line = f.readline(cap + 2)  # the line, its "\r\n", and one byte to see it is longer
-            if not line:
-                return
-            line_no += 1
-            body = line.rstrip(b"\r\n")
-            if len(body) > cap:
-                while line and not line.endswith(b"\n"):
-                    line = f.readline(_SKIP_CHUNK)
+            nl = chunk.find(b"\n", start) if chunk else -1
+            end = len(chunk) if nl < 0 else nl
+            if not over:
+                if len(buf) + end - start > cap + 1:  # + 1: a "\r" before the "\n"
+                    over = True
+                    buf = bytearray()
+                else:
+                    buf += view[start:end]
+            if nl < 0:
+                break
+            if not over and buf.endswith(b"\r"):
+                del buf[-1]
+            yield None if over or len(buf) > cap else buf
+            buf, over, start = bytearray(), False, nl + 1
+        view.release()
+        if not chunk:
+            if over or buf:  # a last line without "\n"
+                yield None if over or len(buf.rstrip(b"\r")) > cap else buf
+            return
+
+
+def _jsonl(path: str, cap: int):
+    """``(line number, object or None, problem or None)`` per non-blank line of ``path``, each
+    line read with the cap (``_capped_lines``)."""
+    with open(path, "rb") as f:
+        for line_no, body in enumerate(_capped_lines(f, cap), 1):
+            if body is None:
                 yield line_no, None, f"longer than options.max_row_bytes ({cap} bytes)"
                 continue
             if not body.strip():

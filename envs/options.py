@@ -93,6 +93,8 @@ def describe_errors(e: ValidationError, prefix: str = "options") -> str:
         msg = str(err["msg"]).removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             msg = "unknown option"
+        elif err["type"] in ("bool_type", "bool_parsing"):
+            msg = "must be true or false"
         elif "input" in err and err["type"] not in ("missing",) and not isinstance(err["input"], dict):
             msg += f", got {err['input']!r}"[:120]
         parts.append(f"{prefix}.{loc}: {msg}" if loc else f"{prefix}: {msg}")

@@ -32,21 +32,24 @@ def _search_path() -> list[str]:
 
 
 def _find(module: str):
-    """The module's spec found on the workers' path without executing any package, or None;
-    ``...`` when it is there but only another finder knows it (an editable install's hook)."""
+    """``(spec, None)``: the module found on the workers' path without executing any package;
+    ``(None, name)``: ``name`` (the module or a package above it) is not there; ``(..., None)``:
+    only another finder knows it (an editable install's hook), so it cannot be followed here."""
     parts = module.split(".")
     spec = importlib.machinery.PathFinder.find_spec(parts[0], _search_path())
-    for i in range(1, len(parts)):
-        if spec is None or not spec.submodule_search_locations:
-            spec = None
-            break
-        spec = importlib.machinery.PathFinder.find_spec(".".join(parts[: i + 1]),
-                                                        list(spec.submodule_search_locations))
     if spec is None:
         top = parts[0]
         if top in sys.builtin_module_names or importlib.util.find_spec(top) is not None:
-            return ...  # found by a finder this check cannot follow without importing
-    return spec
+            return ..., None
+        return None, top
+    for i in range(1, len(parts)):
+        name = ".".join(parts[: i + 1])
+        if not spec.submodule_search_locations:  # a module, not a package: no submodules
+            return None, name
+        spec = importlib.machinery.PathFinder.find_spec(name, list(spec.submodule_search_locations))
+        if spec is None:
+            return None, name
+    return spec, None
 
 
 def _top_level_names(tree: ast.Module) -> tuple[dict[str, ast.AST | None], bool]:
@@ -93,12 +96,12 @@ def check_reward_target(spec: object) -> str:
     if spec in BUILTINS:
         return spec
     module, _, attr = spec.partition(":")
-    found = _find(module)
+    found, missing = _find(module)
     if found is ...:
         return spec
     if found is None:
         raise ValueError(f"reward {spec!r} cannot be loaded: ModuleNotFoundError: No module named "
-                         f"{module!r} (searched the project root and the trainer's sys.path)")
+                         f"{missing!r} (searched the project root and the trainer's sys.path)")
     origin = found.origin
     if not origin or not origin.endswith(".py") or not os.path.isfile(origin):
         return spec  # a package without __init__.py, an extension module: the workers check it

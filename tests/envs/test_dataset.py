@@ -111,14 +111,14 @@ def test_bad_dataset_options_fail_at_config_load(rows, tmp_path, model_dir):
         entry = json.dumps({"env": "dataset", "options": options})
         return load_config(None, ["tasks.env=mix", f"tasks.mix=[{entry}]"])
 
-    assert load(path=str(rows), reward="math").tasks.mix[0].options["reward"] == "math"
+    assert load(path=str(rows), prompt_key="question", reward="math").tasks.mix[0].options["reward"] == "math"
     for options, message in [({"reward": "math"}, "options.path is required"),
                              ({"path": str(tmp_path / "x.jsonl")}, "does not exist"),
                              ({"path": str(rows.with_suffix(".csv"))}, "not .jsonl or .parquet"),
                              ({"path": str(rows), "reward": "no colon"}, "package.module:function"),
-                             ({"path": str(rows), "rewrad": "math"}, "unknown options"),
-                             ({"path": str(rows), "reward_workers": 0}, "reward_workers must be an integer"),
-                             ({"path": str(rows), "reward_timeout_s": "soon"}, "reward_timeout_s must be")]:
+                             ({"path": str(rows), "rewrad": "math"}, "options.rewrad: unknown option"),
+                             ({"path": str(rows), "reward_workers": 0}, "options.reward_workers: Input"),
+                             ({"path": str(rows), "reward_timeout_s": "soon"}, "options.reward_timeout_s: ")]:
         with pytest.raises(ConfigError, match=message):
             load(**options)
     with pytest.raises(ValueError, match="arithmetic: needs a tokenizer with <bos> and <eos>"):

@@ -29,7 +29,7 @@ def test_bad_config_is_a_clear_error(tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text("modle: {}\n")
     out = subprocess.run([BIN / "mixrl-train", "--config", cfg], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 2 and "modle" in out.stdout
+    assert out.returncode == 2 and "modle" in out.stderr  # errors go to stderr, one line
 
 
 def test_build_policy_takes_special_token_ids_from_the_tokenizer():
@@ -59,11 +59,11 @@ def test_a_config_the_machine_cannot_run_fails_before_the_run_dir_is_touched(tmp
     # key=value overrides may come before the flags (the SLURM script puts its own first).
     out = _train_cli(tmp_path, "model.attention=splash", "--run-dir", str(run_dir))
     assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-2000:]
-    assert "model.attention" in out.stdout and "runs on tpu, not on cpu" in out.stdout
+    assert "model.attention" in out.stderr and "runs on tpu, not on cpu" in out.stderr
     out = _train_cli(tmp_path, "--run-dir", str(run_dir), "train.rows=16", "train.micro_rows=4",
                      devices=8)
     assert out.returncode == 2 and "train.micro_rows (4) must be a multiple of the mesh's batch " \
-        "shards (data 8 x fsdp 1 x expert 1 = 8)" in out.stdout, out.stdout[-2000:]
+        "shards (data 8 x fsdp 1 x expert 1 = 8)" in out.stderr, out.stderr[-2000:]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # nothing set aside
     assert [p.name for p in run_dir.iterdir()] == ["summary.json"]
 

@@ -146,6 +146,8 @@ def describe(e: ValidationError) -> str:
     problems = []
     for err in e.errors():
         msg = str(err["msg"]).removeprefix("Value error, ")
+        if err["type"] in ("bool_type", "bool_parsing"):
+            msg = "must be true or false"
         if err["type"].endswith(("_type", "_parsing", "literal_error", "enum")) and "input" in err:
             msg += f", got {err['input']!r}"[:100]
         problems.append(f"{'.'.join(str(x) for x in err['loc'])}: {msg}")
