@@ -24,8 +24,10 @@ import socket
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from shipped_setup import ROOT, Claims, load_test_module, make_tiny_model, make_tpu_workers, write_gsm8k
@@ -138,9 +140,9 @@ def _address(log: Path) -> str | None:
     return match and f"127.0.0.1:{match.group(2)}"  # the trainer listens on this machine
 
 
-@pytest.mark.timeout(1800)
-@pytest.mark.parametrize("name", list(CASES))
-def test_shipped_config_starts_through_its_launcher(name, shared, tmp_path):
+def _prepare(name: str, shared: dict, tmp_path: Path) -> tuple:
+    """The overrides, working directory and loaded config of ``name`` (main thread: the
+    config's relative data paths are checked from the directory it runs in, by chdir)."""
     case = CASES[name]
     model = shared["moe" if case.moe else "dense"]
     overrides = [f"model.hf_dir={model}", f"run.steps={STEPS}",
@@ -148,13 +150,18 @@ def test_shipped_config_starts_through_its_launcher(name, shared, tmp_path):
     cwd = ROOT if case.launcher != "mixrl-train" else tmp_path / "work"
     if case.launcher == "mixrl-train":  # the README's layout: data next to where it runs
         write_gsm8k(cwd)
-    # The config as the trainer will see it (relative paths from where it runs).
     here = os.getcwd()
     os.chdir(cwd)
     try:
         cfg = load_config(ROOT / case.config, overrides)
     finally:
         os.chdir(here)
+    return model, overrides, cwd, cfg
+
+
+def _run(name: str, shared: dict, tmp_path: Path, model: Path, overrides: list[str], cwd: Path, cfg) -> float:
+    """Launch ``name``, join it with an external sampler, check the run; the seconds it took."""
+    case = CASES[name]
     run_dir = cwd / cfg.run.dir
     claims = Claims()
     launcher = sampler = None
@@ -245,11 +252,50 @@ def test_shipped_config_starts_through_its_launcher(name, shared, tmp_path):
         assert sum(share) > 0, (group.name, trained)
         accepted = re.search(r"done: \d+ rounds, (\d+) accepted", sampler_log.read_text(errors="replace"))
         assert accepted and int(accepted.group(1)) > 0, logs()
-        print(f"{name}: {took:.0f}s through {case.launcher}")
+        return took
     finally:
         _kill(sampler)
         _kill(launcher)
         claims.release()
+
+_NO_PARAMS = SimpleNamespace(params={})
+
+
+@pytest.fixture(scope="module")
+def outcomes(shared, tmp_path_factory, request) -> dict[str, tuple[float, BaseException | None]]:
+    """Every selected config's run, shared by the tests: configs that listen on the same fixed
+    port (gpu_host, tpu_slice: 50051 as shipped) one after the other, the ephemeral-port one beside
+    them, so the file takes about the longest lane rather than the sum."""
+    wanted = [item.callspec.params["name"] for item in request.session.items
+              if item.module is request.module and "name" in getattr(item, "callspec", _NO_PARAMS).params]
+    prepared = {name: _prepare(name, shared, tmp_path_factory.mktemp(name)) for name in dict.fromkeys(wanted)}
+    lanes: dict[str, list[str]] = {}
+    for name, (_, _, _, cfg) in prepared.items():
+        port = cfg.service.listen.rpartition(":")[2]
+        lanes.setdefault(port if port != "0" else f"ephemeral-{name}", []).append(name)
+    results: dict[str, tuple[float, BaseException | None]] = {}
+
+    def lane(names: list[str]) -> None:
+        for name in names:
+            t0 = time.monotonic()
+            try:
+                results[name] = (_run(name, shared, tmp_path_factory.mktemp(f"{name}-run"), *prepared[name]),
+                                 None)
+            except BaseException as e:  # noqa: BLE001 - reported by the config's own test
+                results[name] = (time.monotonic() - t0, e)
+
+    with ThreadPoolExecutor(len(lanes)) as pool:
+        list(pool.map(lane, lanes.values()))
+    return results
+
+
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("name", list(CASES))
+def test_shipped_config_starts_through_its_launcher(name, outcomes):
+    took, error = outcomes[name]
+    if error is not None:
+        raise error
+    print(f"{name}: {took:.0f}s through {CASES[name].launcher}")
 
 
 def test_tpu_launcher_runs_every_worker_and_reports_a_failed_one(tmp_path):
