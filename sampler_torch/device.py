@@ -15,11 +15,13 @@ from mixrl_wire.devices import DeviceError, check_spec, local_rank, resolve_devi
 
 
 def local_device(spec: str, env: Mapping[str, str] | None = None) -> str:
-    """``resolve_device`` for this process: torch's visible device count, the launcher's rank."""
+    """``resolve_device`` for this process: torch's visible device count, the launcher's rank
+    (``cpu`` without importing torch: the checks after it answer sooner)."""
+    env = os.environ if env is None else env
+    if check_spec(spec) == "cpu":
+        return "cpu"
     import torch
 
-    env = os.environ if env is None else env
-    check_spec(spec)
     visible = torch.cuda.device_count() if spec != "cpu" and torch.cuda.is_available() else 0
     return resolve_device(spec, visible=visible, rank=local_rank(env),
                           cuda_visible_devices=env.get("CUDA_VISIBLE_DEVICES"))
