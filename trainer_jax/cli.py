@@ -144,6 +144,9 @@ def sft_main(argv: list[str]) -> int:
     args = p.parse_intermixed_args(argv)
     try:
         cfg = load_config(args.config, args.overrides)
+        from trainer_jax.config.checks import check_model_files
+
+        check_model_files(cfg)  # the model directory's tokenizer and template, before training
     except ConfigError as e:
         print(f"mixrl-train sft: {e}", file=sys.stderr)
         return 2
