@@ -91,6 +91,8 @@ CASES = [
     ("objective: {aggregation: tokn_mean}\n", lambda f: [], "objective.aggregation", "unknown aggregation"),
     ("objective: {is_mode: miss}\n", lambda f: [], "objective.is_mode", "unknown importance-weight mode"),
     ("objective: {impl: palas}\n", lambda f: [], "objective.impl", "unknown kernel implementation"),
+    ("objective: {kernel_options: [[block_vv, 1]]}\n", lambda f: [], "objective.kernel_options",
+     "takes no option 'block_vv'"),
     ("service: {router: {policy: fastest}}\n", lambda f: [], "service.router.policy",
      "unknown router policy"),
     ("service: {router: {polcy: uniform}}\n", lambda f: [], "service.router.polcy", "Extra inputs"),

@@ -78,6 +78,25 @@ class RunConfig(_Strict):
                              "(set sft.steps: 0)")
         return self
 
+    @model_validator(mode="after")
+    def _kernel_option_names(self) -> RunConfig:
+        # A misspelt objective.kernel_options name (block_vv) failed at the first step: the names
+        # are its implementation's keyword parameters (impl auto: those some implementation
+        # takes). Checked for a run's config; an ObjectiveConfig built alone is checked at its call.
+        options = self.objective.kernel_options
+        if not options:
+            return self
+        from trainer_jax.kernels.linear_logsumexp.api import IMPLS, _impl_options
+
+        impl = self.objective.impl
+        impls = list(IMPLS) if impl == "auto" else [impl]
+        known = sorted(set().union(*(_impl_options(IMPLS[i]) for i in impls)))
+        unknown = [k for k, _ in options if k not in known]
+        if unknown:
+            raise ValueError(f"objective.kernel_options: impl {impl} takes no option {unknown[0]!r}; "
+                             f"it takes {', '.join(known) or 'none'}")
+        return self
+
     @property
     def eval_group(self) -> str | None:
         """The group that runs evaluations (see ``TrainConfig.eval_group``); None without groups."""
@@ -150,7 +169,8 @@ def describe(e: ValidationError) -> str:
             msg = "must be true or false"
         if err["type"].endswith(("_type", "_parsing", "literal_error", "enum")) and "input" in err:
             msg += f", got {err['input']!r}"[:100]
-        problems.append(f"{'.'.join(str(x) for x in err['loc'])}: {msg}")
+        loc = ".".join(str(x) for x in err["loc"])
+        problems.append(f"{loc}: {msg}" if loc else msg)  # a whole-config check names its keys
     return " ".join("; ".join(problems).split())
 
 
