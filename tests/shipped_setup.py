@@ -227,3 +227,37 @@ class Claims:
                 except OSError:
                     pass
         self.created.clear()
+
+
+# Brings the loopback interface of a new network namespace up (SIOCGIFFLAGS / SIOCSIFFLAGS, no
+# `ip` needed), then runs the command in it.
+_LO_UP = ("import fcntl, os, socket, struct, sys; s = socket.socket(); "
+          "f = struct.unpack('16sH14s', fcntl.ioctl(s, 0x8913, struct.pack('16sH14s', b'lo', 0, b'')))[1]; "
+          "fcntl.ioctl(s, 0x8914, struct.pack('16sH14s', b'lo', f | 1, b'')); "
+          "os.execvp(sys.argv[1], sys.argv[1:])")
+
+
+def own_network_available() -> bool:
+    """Whether this process may make network namespaces (root with CAP_SYS_ADMIN: CI, here)."""
+    import subprocess
+    import sys
+
+    try:
+        return subprocess.run(["unshare", "--net", "--", sys.executable, "-c", _LO_UP, "true"],
+                              capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def in_own_network(cmd: list[str]) -> list[str]:
+    """``cmd`` in a new network namespace with its own loopback: a slice's hosts have their own
+    network, so its service can listen on the port another config's also uses. Its pid's
+    ``/proc/PID/ns/net`` is the namespace (unshare and the loopback step exec in place)."""
+    import sys
+
+    return ["unshare", "--net", "--", sys.executable, "-c", _LO_UP, *cmd]
+
+
+def join_network(pid: int, cmd: list[str]) -> list[str]:
+    """``cmd`` in the network namespace of process ``pid``."""
+    return ["nsenter", f"--net=/proc/{pid}/ns/net", "--", *cmd]

@@ -25,12 +25,23 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from shipped_setup import ROOT, Claims, load_test_module, make_tiny_model, make_tpu_workers, write_gsm8k
+from shipped_setup import (
+    ROOT,
+    Claims,
+    in_own_network,
+    join_network,
+    load_test_module,
+    make_tiny_model,
+    make_tpu_workers,
+    own_network_available,
+    write_gsm8k,
+)
 
 from trainer_jax.config import load_config
 
@@ -47,7 +58,9 @@ class Case:
     processes: int = 1
     devices: int = 1  # simulated CPU devices per process
     moe: bool = False
-    sampler_args: list[str] = field(default_factory=list)
+    # Its hosts have a network of their own (a namespace, where this process may make one): the
+    # service's shipped port then does not collide with another config's, and both run at once.
+    own_network: bool = False
 
 
 # Mesh sizes: the GPU host's own 8-device mesh (fsdp 4 x tensor 2); the slice's fsdp 4 x expert 8
@@ -56,8 +69,9 @@ class Case:
 CASES = {
     "gpu_host": Case("configs/gpu_host.yaml", "gpu_host", devices=8, overrides=[
         "train.rows=44", "train.row_len=256", "train.max_tokens=2048"]),
-    "tpu_slice": Case("configs/tpu_slice.yaml", "tpu_slice", processes=2, devices=2, moe=True, overrides=[
-        "mesh.fsdp=2", "mesh.expert=2", "train.rows=88", "train.row_len=256", "train.max_tokens=4096"]),
+    "tpu_slice": Case("configs/tpu_slice.yaml", "tpu_slice", processes=2, devices=2, moe=True,
+                      own_network=True, overrides=["mesh.fsdp=2", "mesh.expert=2", "train.rows=88",
+                                                   "train.row_len=256", "train.max_tokens=4096"]),
     "qwen3_gsm8k": Case("configs/qwen3_gsm8k.yaml", "mixrl-train", overrides=[
         "train.rows=88", "train.row_len=256", "train.max_tokens=4096"]),
 }
@@ -162,6 +176,7 @@ def _prepare(name: str, shared: dict, tmp_path: Path) -> tuple:
 def _run(name: str, shared: dict, tmp_path: Path, model: Path, overrides: list[str], cwd: Path, cfg) -> float:
     """Launch ``name``, join it with an external sampler, check the run; the seconds it took."""
     case = CASES[name]
+    own_network = _own_network(name)
     run_dir = cwd / cfg.run.dir
     claims = Claims()
     launcher = sampler = None
@@ -178,7 +193,8 @@ def _run(name: str, shared: dict, tmp_path: Path, model: Path, overrides: list[s
                 pem = shared["certs"][src].read_bytes()
                 claims.file(Path(getattr(cfg.service.tls, key))).write_bytes(pem)
         port = int(cfg.service.listen.rpartition(":")[2])
-        assert port == 0 or _port_free(port), f"{cfg.service.listen} ({case.config}'s service.listen) is busy"
+        assert port == 0 or own_network or _port_free(port), \
+            f"{cfg.service.listen} ({case.config}'s service.listen) is busy"
 
         worker_logs: list[Path] = []
         if case.launcher == "gpu_host":
@@ -205,8 +221,8 @@ def _run(name: str, shared: dict, tmp_path: Path, model: Path, overrides: list[s
         t0 = time.monotonic()
         deadline = t0 + DEADLINE_S
         with open(log, "wb") as out:
-            launcher = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                        start_new_session=True)
+            launcher = subprocess.Popen(in_own_network(cmd) if own_network else cmd, cwd=cwd, env=env,
+                                        stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         if port:  # the config's address: join as soon as the token is there (the sampler retries
             # until the service listens, and loads its model meanwhile)
             _wait_for(token_file.is_file, launcher, deadline, f"token in {token_file}", logs)
@@ -225,6 +241,8 @@ def _run(name: str, shared: dict, tmp_path: Path, model: Path, overrides: list[s
             scmd += ["--recipe-override", f"kv_cache_dtype={group.kv_cache_dtype}"]
         if cfg.service.tls.enabled:
             scmd += ["--tls-ca", str(shared["certs"]["ca"])]
+        if own_network:  # a user on the slice's network
+            scmd = join_network(launcher.pid, scmd)
         with open(sampler_log, "wb") as out:
             sampler = subprocess.Popen(scmd, cwd=tmp_path, env=_env(1), stdout=out, stderr=subprocess.STDOUT,
                                        start_new_session=True)
@@ -261,6 +279,11 @@ def _run(name: str, shared: dict, tmp_path: Path, model: Path, overrides: list[s
 _NO_PARAMS = SimpleNamespace(params={})
 
 
+@cache
+def _own_network(name: str) -> bool:
+    return CASES[name].own_network and own_network_available()
+
+
 @pytest.fixture(scope="module")
 def outcomes(shared, tmp_path_factory, request) -> dict[str, tuple[float, BaseException | None]]:
     """Every selected config's run, shared by the tests: configs that listen on the same fixed
@@ -272,7 +295,8 @@ def outcomes(shared, tmp_path_factory, request) -> dict[str, tuple[float, BaseEx
     lanes: dict[str, list[str]] = {}
     for name, (_, _, _, cfg) in prepared.items():
         port = cfg.service.listen.rpartition(":")[2]
-        lanes.setdefault(port if port != "0" else f"ephemeral-{name}", []).append(name)
+        alone = port == "0" or _own_network(name)
+        lanes.setdefault(f"own-{name}" if alone else port, []).append(name)
     results: dict[str, tuple[float, BaseException | None]] = {}
 
     def lane(names: list[str]) -> None:
