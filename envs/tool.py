@@ -110,6 +110,9 @@ class ShellTasks(Environment):
         self.limits = limits or SandboxLimits(wall_seconds=2.0, cpu_seconds=2)
         self.allow_unisolated = allow_unisolated
         self.families = tuple(families or self.families)
+        unknown = sorted(set(self.families) - set(ShellTasks.families))
+        if unknown:  # sample_task would make `write` tasks of them (the config refuses them first)
+            raise ValueError(f"shell: unknown families {unknown}; known: {', '.join(ShellTasks.families)}")
 
     def new_sandbox(self, task: Task) -> Sandbox:
         """An episode's sandbox. The memory opt-out travels with the task: a sampler builds its

@@ -117,3 +117,13 @@ def test_bad_rows_refused_at_config_load_or_skipped_and_counted(tmp_path):
                                                           "skip_bad_rows": True}})
         load_config(None, ["tasks.env=mix", f"tasks.mix=[{entry}]", "sft.steps=0"])
     assert np.isfinite(len(prompts))
+
+
+def test_the_shell_env_itself_refuses_an_unknown_family():
+    # Built without the config (a test, a script): `lokup` used to become `write` tasks.
+    from envs import make_env
+
+    with pytest.raises(ValueError, match=r"unknown families \['lokup'\]"):
+        make_env("shell", char_tokenizer(), families=["lokup"])
+    env = make_env("shell", char_tokenizer(), families=["sum"])
+    assert {env.sample_task(np.random.default_rng(i), "t").payload["family"] for i in range(8)} == {"sum"}
