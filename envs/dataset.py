@@ -353,7 +353,7 @@ class DatasetTasks(Environment):
 
     def longest_prompt(self) -> int:
         """The longest prompt of the training rows in tokens (``longest_prompt``)."""
-        options = {"path": self.path, "prompt_key": self.prompt_key, "system_prompt": self.system_prompt}
+        options = self.options.model_dump(exclude_none=True)  # the same rows (cap, skipping, columns)
         return longest_prompt(self.tokenizer, options, self.chat_template_kwargs)
 
     def start(self, task: Task) -> Episode:

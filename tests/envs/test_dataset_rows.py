@@ -109,6 +109,7 @@ def test_bad_rows_refused_at_config_load_or_skipped_and_counted(tmp_path):
         prompts = {tok.decode(list(src.spec(n).prompt_ids)) for n in range(9)}
         assert prompts == {f"{r['q']}\n" for r in GOOD}  # only good rows become tasks, every epoch
         assert src.metrics([]) == {"env/dataset/skipped_rows": 4.0}
+        assert src.envs[0].longest_prompt() == 1 + len("0+1?\n")  # over the same good rows
     finally:
         src.close()
     with pytest.raises(ConfigError, match=r"has no rows \(2 bad rows skipped\)"):
