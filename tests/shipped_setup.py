@@ -108,19 +108,19 @@ def write_gsm8k(root: Path, train_rows: int = 64, test_rows: int = 8) -> None:
 
 
 GCLOUD = r"""#!/usr/bin/env bash
-# Stand-in for `gcloud compute tpus tpu-vm ssh|scp TPU --zone Z --worker=all ...` (the forms
-# scripts/launch_tpu_slice.sh uses): every "worker" is a local process with its own HOME (so the
-# launcher's ~/mixrl is its own checkout), its own hostname and its jax.distributed place.
+# Stand-in for `gcloud compute tpus tpu-vm ssh TPU --zone Z --worker=all --command CMD`, what
+# scripts/launch_tpu_slice.sh run|check use: every "worker" is a local process with its own HOME
+# (the launcher's ~/mixrl is its own checkout), its own hostname and its jax.distributed place.
 set -euo pipefail
 [[ "${1:-} ${2:-} ${3:-}" == "compute tpus tpu-vm" ]] || { echo "stand-in gcloud: $*?" >&2; exit 2; }
 verb=$4; shift 4
-command= operands=()
+command=
 while [[ $# -gt 0 ]]; do
   case $1 in
     --command) command=$2; shift 2 ;;
     --zone) shift 2 ;;
     --worker=all) shift ;;
-    *) operands+=("$1"); shift ;;
+    *) shift ;;  # the TPU name
   esac
 done
 root=${GCLOUD_STANDIN_ROOT:?} n=${GCLOUD_STANDIN_WORKERS:?}
@@ -136,9 +136,6 @@ case $verb in
     rc=0
     for pid in "${pids[@]}"; do wait "$pid" || rc=$?; done
     exit $rc ;;
-  scp)  # scp SRC TPU:DEST to every worker: DEST under its HOME
-    src=${operands[0]} dest=${operands[1]#*:}
-    for ((i = 0; i < n; i++)); do cp "$src" "$root/worker-$i/${dest#/}"; done ;;
   *) echo "stand-in gcloud: unsupported verb $verb" >&2; exit 2 ;;
 esac
 """

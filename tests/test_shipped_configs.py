@@ -48,7 +48,7 @@ from trainer_jax.config import load_config
 
 STEPS = 2
 NEW_TOKENS = 8  # tasks.sampling.max_new_tokens: a random tiny model's replies stay short
-DEADLINE_S = 420  # one config, start to end (CI's slowest machine; about a minute here)
+DEADLINE_S = 420  # one config, start to end (60-130 s here with the three at once, 2 busy cores)
 
 
 @dataclass
