@@ -39,6 +39,7 @@ from sampler_torch.engine.params import Completion, SamplingParams, per_request
 from sampler_torch.engine.sampling import (
     perturb_logits,
     sample_step,
+    sample_untruncated,
     sample_untruncated_compiled,
     uniforms,
 )
@@ -327,14 +328,23 @@ class Engine:
             u_rows = uniforms(seeds[slot_order], counts)
             head_k = max(running[s].params.head_k for s in slot_order)
             noise = self.recipe.logit_noise
-            if (logits_all is not None and not admitted and head_k > 0 and not noise
-                    and not any(running[s].truncates for s in slot_order)):
+            steady = (not admitted and head_k > 0 and not noise
+                      and not any(running[s].truncates for s in slot_order))
+            if steady and logits_all is not None:
                 # Steady decoding without truncation: sample all slots in one compiled graph
                 # (idle slots draw too, from u = 0, and are dropped).
                 u = torch.zeros(n_slots, dtype=torch.float64)
                 u[slot_order] = torch.from_numpy(u_rows)
                 rec = sample_untruncated_compiled(logits_all.float(), temp, u.to(dev), head_k)
                 self._record(rec, slot_order, running, version, rows=slot_order)
+            elif steady:
+                # The same, eagerly: ``sample_step``'s arithmetic for all-untruncated rows in
+                # about half its ops (no truncation bookkeeping, no support tensors).
+                order = (slice(None) if slot_order == list(range(n_slots))
+                         else torch.tensor(slot_order, device=dev))
+                rec = sample_untruncated(logits_parts[0], temp[order],
+                                         torch.from_numpy(u_rows).to(dev), head_k)
+                self._record(rec, slot_order, running, version)
             else:
                 if decode_rows is not None:
                     logits_parts.append(logits_all[torch.tensor(decode_rows, device=dev)])

@@ -50,9 +50,8 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch
     ``rotate_half(x) = [-x2, x1]``; with ``sin_signed = [-sin1, sin2]`` (built once per forward)
     that is ``[x2, x1] * sin_signed``, the same products with the sign moved to the table.
     """
-    half = x.shape[-1] // 2
     x32 = x.float()
-    swapped = torch.cat([x32[..., half:], x32[..., :half]], dim=-1)
+    swapped = x32.roll(x.shape[-1] // 2, dims=-1)  # [x2, x1]: one op instead of two slices + cat
     return (x32 * cos + swapped * sin_signed).to(x.dtype)
 
 
@@ -106,18 +105,22 @@ def _static_decode(weights: tuple, caches: tuple, tokens: torch.Tensor, position
     return F.linear(h.to(lm_head.dtype), lm_head)[:, 0].float()
 
 
-def _grouped_eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+def _grouped_eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hidden: torch.Tensor,
                    groups: int, hd: int) -> torch.Tensor:
     """Explicit attention (float32 scores and softmax) of ``q [B, H, T, hd]`` over ``k, v
     [B, K, L, hd]`` with ``H = K * groups``, without repeating keys and values per query head:
     the ``groups`` query heads of a KV head are stacked as ``groups * T`` rows against it (the same
-    products as ``repeat_interleave``, for a copy of the cache per layer and step less)."""
+    products as ``repeat_interleave``, for a copy of the cache per layer and step less).
+
+    ``hidden [B, 1, T, L]`` is True where a key must not be seen (the inverted mask, built once
+    per forward rather than once per layer).
+    """
     b, nh, t, _ = q.shape
     nk, length = k.shape[1], k.shape[2]
     qg = q.float().reshape(b, nk, groups * t, hd)
     scores = (qg @ k.float().transpose(-1, -2)) * hd ** -0.5            # [B, K, groups*T, L]
     scores = scores.view(b, nk, groups, t, length).masked_fill(
-        ~mask[:, :, None], torch.finfo(torch.float32).min).view(b, nk, groups * t, length)
+        hidden[:, :, None], torch.finfo(torch.float32).min).view(b, nk, groups * t, length)
     return (scores.softmax(-1).to(v.dtype) @ v).view(b, nh, t, -1)
 
 
@@ -235,6 +238,7 @@ class EngineForward:
         return fn(tuple(weights), caches, tokens, positions, slots, cfg)
 
     def _attend(self, q, k, v, mask):
+        """``mask``: the boolean attention mask for sdpa, its inverse for the eager attention."""
         groups = self.heads // self.kv_heads
         if self.attention == "sdpa":
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=groups > 1)
@@ -265,7 +269,14 @@ class EngineForward:
             first = int(slots[0])
             if b == 1 or bool((slots == torch.arange(first, first + b, device=dev)).all()):
                 read_slots = slice(first, first + b)  # a view instead of a gather
-        mask = key_pos[:, None, None, :] <= positions[:, None, :, None]
+        if self.attention == "sdpa":
+            mask = key_pos[:, None, None, :] <= positions[:, None, :, None]
+        else:  # the eager attention fills where a key is hidden
+            mask = key_pos[:, None, None, :] > positions[:, None, :, None]
+        if cache is not None:
+            if length > cache.max_len:  # checked once here: layers store unchecked
+                raise ValueError(f"position {length - 1} is past the cache length {cache.max_len}")
+            store = cache.store if type(cache).write is KVCache.write else cache.write
         x = self.embed(input_ids)
         for i, lyr in enumerate(self.layers):
             h = _rms(x, lyr["ln1"], self.eps)
@@ -275,7 +286,7 @@ class EngineForward:
             q, k = qk[:, :nh], qk[:, nh:]
             v = qkv[:, :, nh + nk:].transpose(1, 2)
             if cache is not None:
-                cache.write(i, slots, positions, k, v)
+                store(i, slots, positions, k, v)
                 k, v = cache.read(i, read_slots, length, q.dtype)
             out = self._attend(q, k, v, mask)
             x = x + lyr["o"](out.transpose(1, 2).reshape(b, t, nh * hd))[0]

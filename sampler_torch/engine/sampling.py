@@ -124,8 +124,20 @@ def sample_untruncated_compiled(logits: torch.Tensor, temperature: torch.Tensor,
     """The compiled ``_sample_untruncated`` as ``StepRecords`` (no support; ``head_k >= 1``)."""
     if "fn" not in _COMPILED:
         _COMPILED["fn"] = torch.compile(_sample_untruncated, dynamic=False)
-    tokens, lq, head_lp, head_ids = _COMPILED["fn"](logits, temperature, u,
-                                                    min(head_k, logits.shape[1]))
+    return _records(logits, *_COMPILED["fn"](logits, temperature, u, min(head_k, logits.shape[1])))
+
+
+def sample_untruncated(logits: torch.Tensor, temperature: torch.Tensor, u: torch.Tensor,
+                       head_k: int) -> StepRecords:
+    """``sample_step`` for rows that all sample the full distribution (``temperature > 0``, no
+    top-p/top-k) with ``head_k >= 1``, eagerly: the same arithmetic in about half the ops, which
+    is what a decode step of a small model spends its time on."""
+    return _records(logits, *_sample_untruncated(logits, temperature, u,
+                                                 min(head_k, logits.shape[1])))
+
+
+def _records(logits: torch.Tensor, tokens: torch.Tensor, lq: torch.Tensor,
+             head_lp: torch.Tensor, head_ids: torch.Tensor) -> StepRecords:
     b, dev = logits.shape[0], logits.device
     return StepRecords(tokens, lq, lq, head_ids, head_lp,
                        torch.empty(b, 0, dtype=torch.long, device=dev),

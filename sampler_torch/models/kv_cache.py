@@ -35,6 +35,12 @@ class KVCache:
         """Store ``k, v [B, K, T, hd]`` of rows ``slots [B]`` at ``positions [B, T]``."""
         if int(positions.max()) >= self.max_len:
             raise ValueError(f"position {int(positions.max())} is past the cache length {self.max_len}")
+        self.store(layer, slots, positions, k, v)
+
+    def store(self, layer: int, slots: torch.Tensor, positions: torch.Tensor,
+              k: torch.Tensor, v: torch.Tensor) -> None:
+        """``write`` without the bounds check (a device sync), for callers that checked once
+        for all layers of a forward."""
         rows = slots[:, None]
         # Advanced indices around a slice put the indexed dims first: the target is [B, T, K, hd].
         self.k[layer][rows, :, positions] = k.transpose(1, 2).to(self.k[layer].dtype)
