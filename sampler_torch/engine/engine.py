@@ -54,6 +54,9 @@ from sampler_torch.recipes import (
 )
 from sampler_torch.recipes.linear import matmul_kernel
 
+#: uniforms drawn per slot at a time (``_run``)
+_U_BLOCK = 64
+
 
 @dataclasses.dataclass
 class _Request:
@@ -259,7 +262,14 @@ class Engine:
         if self.compile:
             max_len = -(-max_len // 64) * 64  # length buckets: few compiled graphs
         loaded = self._loaded
-        cache = make_kv_cache(cfg, n_slots, max_len, kv_torch_dtype(self.recipe),
+        kv_dtype = kv_torch_dtype(self.recipe)
+        if (not self.compile and self._forward.sgemm and kv_dtype == self._forward.dtype
+                and self._forward.attention == "eager"):
+            # Eager decode multiplies bf16 keys/values in float32 (EngineForward.sgemm): the
+            # cache stores them in float32 (still exactly the bf16 values; twice the memory), so
+            # no step converts the whole cache per layer.
+            kv_dtype = torch.float32
+        cache = make_kv_cache(cfg, n_slots, max_len, kv_dtype,
                               loaded.k_scales, loaded.v_scales, device=dev)
         static = self.compile and self._forward.can_compile(cache)
         stats.compiled_decode = static
@@ -270,6 +280,8 @@ class Engine:
         seeds = np.zeros(n_slots, np.uint64)
         length = [0] * n_slots                  # tokens of the slot's sequence in the cache
         next_token = [0] * n_slots              # the token to feed at the next decode
+        u_block: list[list[float]] = [[] for _ in range(n_slots)]  # uniforms drawn ahead
+        u_base = [0] * n_slots                  # the token index of u_block[slot][0]
         waiting = collections.deque(reqs)
         free = list(range(n_slots - 1, -1, -1))
         running: dict[int, _Request] = {}       # slot -> request, admitted and not finished
@@ -290,6 +302,7 @@ class Engine:
                 p = req.params
                 temp[slot], top_p[slot], top_k[slot] = p.temperature, p.top_p, p.top_k
                 seeds[slot] = req.seed
+                u_base[slot] = -_U_BLOCK  # a new request: its block is drawn at its first token
                 length[slot] = len(req.prompt)
                 stats.admissions.append((step, req.index, slot))
             logits_parts, slot_order, logits_all, decode_rows = [], [], None, None
@@ -324,8 +337,17 @@ class Engine:
                 slot_order += decoding
                 stats.decode_tokens += len(decoding)
             # -- sample
-            counts = np.array([len(running[s].out.token_ids) for s in slot_order], np.uint64)
-            u_rows = uniforms(seeds[slot_order], counts)
+            # Each slot's uniforms come from a block drawn ahead (uniforms is elementwise, so the
+            # same numbers as drawing each step, for one numpy call per _U_BLOCK tokens).
+            u_list = []
+            for s in slot_order:
+                c = len(running[s].out.token_ids)
+                if not 0 <= c - u_base[s] < _U_BLOCK:
+                    u_block[s] = uniforms(np.full(_U_BLOCK, seeds[s], np.uint64),
+                                          np.arange(c, c + _U_BLOCK, dtype=np.uint64)).tolist()
+                    u_base[s] = c
+                u_list.append(u_block[s][c - u_base[s]])
+            u_rows = np.array(u_list, np.float64)
             head_k = max(running[s].params.head_k for s in slot_order)
             noise = self.recipe.logit_noise
             steady = (not admitted and head_k > 0 and not noise
@@ -349,6 +371,7 @@ class Engine:
                 if decode_rows is not None:
                     logits_parts.append(logits_all[torch.tensor(decode_rows, device=dev)])
                 logits = torch.cat(logits_parts).float()
+                counts = np.array([len(running[s].out.token_ids) for s in slot_order], np.uint64)
                 logits = perturb_logits(logits, noise, seeds[slot_order], counts)  # the dial
                 order = torch.tensor(slot_order, device=dev)
                 rec = sample_step(logits, temp[order], top_p[order], top_k[order], head_k,
@@ -396,16 +419,17 @@ class Engine:
         if has_support:
             sup_ids, sup_lp = rec.support_ids.tolist(), rec.support_logprobs.tolist()
             sup_len = rec.support_len.tolist()
+        width = rec.head_ids.shape[1]
         for row, s in enumerate(slot_order):
-            out = running[s].out
-            k = running[s].params.head_k
+            req = running[s]
+            out, k = req.out, req.params.head_k
             out.token_ids.append(tokens[row])
             out.logprobs.append(logprob[row])
             out.logprobs_full.append(logprob_full[row])
-            out.head_ids.append(head_ids[row][:k])
-            out.head_logprobs.append(head_lp[row][:k])
+            out.head_ids.append(head_ids[row] if k >= width else head_ids[row][:k])
+            out.head_logprobs.append(head_lp[row] if k >= width else head_lp[row][:k])
             out.versions.append(version)
-            if running[s].truncates:
+            if req.truncates:
                 n = sup_len[row]
                 out.support_ids.append(sup_ids[row][:n])
                 out.support_logprobs.append(sup_lp[row][:n])

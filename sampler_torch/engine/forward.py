@@ -124,6 +124,12 @@ def _grouped_eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hidden: to
     return (scores.softmax(-1).to(v.dtype) @ v).view(b, nh, t, -1)
 
 
+def _f32(cached: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``cached.to(dtype).float()``: a float32 cache holds values of the compute dtype (every
+    write is a compute-dtype tensor), so it is used as it is, without a copy."""
+    return cached if cached.dtype == torch.float32 else cached.to(dtype).float()
+
+
 _COMPILED: dict[str, object] = {}
 
 
@@ -175,6 +181,9 @@ class EngineForward:
         use_sgemm = (self.dtype == torch.bfloat16 and device.type == "cpu"
                      and recipe.kernel in ("auto", "emulate"))
         mm = torch.float32 if use_sgemm else self.dtype
+        #: bf16 operands multiplied by the float32 GEMM (see above); the decode step's
+        #: probabilities @ values product follows the same rule
+        self.sgemm = use_sgemm
         self.eps = cfg.rms_norm_eps
         self.heads, self.kv_heads, self.head_dim = (cfg.num_attention_heads,
                                                     cfg.num_key_value_heads, cfg.head_dim)
@@ -244,6 +253,12 @@ class EngineForward:
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=groups > 1)
         return _grouped_eager(q, k, v, mask, groups, self.head_dim)
 
+    def _fast_decode(self, cache: KVCache | None) -> bool:
+        """Whether ``_decode`` serves a one-token step: eager attention, dense fused layers and
+        a plain cache (whose ``write``/``read`` it inlines)."""
+        return (cache is not None and self.attention == "eager" and type(cache) is KVCache
+                and self.can_compile(cache))
+
     @torch.inference_mode()
     def hidden(self, input_ids: torch.Tensor, positions: torch.Tensor | None = None,
                cache: KVCache | None = None, slots: torch.Tensor | None = None) -> torch.Tensor:
@@ -254,6 +269,8 @@ class EngineForward:
         """
         b, t = input_ids.shape
         dev = input_ids.device
+        if t == 1 and positions is not None and self._fast_decode(cache):
+            return self._decode(input_ids[:, 0], positions[:, 0], cache, slots)[:, None]
         if positions is None:
             positions = torch.arange(t, device=dev).expand(b, t)
         hd, nh, nk = self.head_dim, self.heads, self.kv_heads
@@ -296,6 +313,62 @@ class EngineForward:
             else:
                 gate, up = lyr["gate_up"](h)
                 x = x + lyr["down"](F.silu(gate) * up)[0]
+        return _rms(x, self.final_norm, self.eps)
+
+    def _decode(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache,
+                slots: torch.Tensor) -> torch.Tensor:
+        """``hidden`` for one token per row (``tokens, positions, slots [B]``) -> ``[B, D]``.
+
+        The same operations on the same values as ``hidden``'s loop (so the same numbers), in
+        fewer of them: decode on a small model is bound by per-op overhead, not arithmetic.
+        Rows stay 2-D (``F.linear`` is one GEMM call, no folding of a length-1 axis), heads
+        need no transposes at T = 1, keys and values are stored by plain indexing, and the
+        mask is one row per sequence.
+        """
+        b = tokens.shape[0]
+        dev = tokens.device
+        hd, nh, nk, eps = self.head_dim, self.heads, self.kv_heads, self.eps
+        groups = nh // nk
+        length = int(positions.max()) + 1
+        if length > cache.max_len:
+            raise ValueError(f"position {length - 1} is past the cache length {cache.max_len}")
+        first = int(slots[0])
+        read: torch.Tensor | slice = slots
+        if b == 1 or bool((slots == torch.arange(first, first + b, device=dev)).all()):
+            read = slice(first, first + b)  # a view instead of a gather
+        cos, sin = rope_cos_sin(positions, hd, self.config.rope_theta)     # [B, hd]
+        sin = torch.cat([-sin[..., : hd // 2], sin[..., hd // 2:]], dim=-1)
+        cos, sin = cos[:, None], sin[:, None]                               # per head
+        hide = (torch.arange(length, device=dev) > positions[:, None])[:, None, None]  # [B,1,1,L]
+        fill = torch.finfo(torch.float32).min
+        scale = hd ** -0.5
+        x = F.embedding(tokens, self.embed.weight)
+        for i, lyr in enumerate(self.layers):
+            dtype = x.dtype
+            h = _rms(x, lyr["ln1"], eps)
+            w = lyr["qkv"].weight
+            qkv = F.linear(h.to(w.dtype), w).to(dtype).view(b, nh + 2 * nk, hd)
+            qk = _rope(_rms(qkv[:, : nh + nk], lyr["qk_norm"], eps), cos, sin)
+            k_cache, v_cache = cache.k[i], cache.v[i]
+            k_cache[slots, :, positions] = qk[:, nh:].to(k_cache.dtype)
+            v_cache[slots, :, positions] = qkv[:, nh + nk:].to(v_cache.dtype)
+            kk = _f32(k_cache[read, :, :length], dtype)
+            vv = v_cache[read, :, :length]
+            # _grouped_eager at T = 1: the query heads of a KV head as rows against it.
+            q = qk[:, :nh].float().view(b, nk, groups, hd)
+            probs = ((q @ kk.transpose(-1, -2)) * scale                    # [B, K, groups, L]
+                     ).masked_fill(hide, fill).softmax(-1).to(dtype)
+            if self.sgemm:  # bf16 x bf16 products, float32 sums, rounded: as the projections
+                out = (probs.float() @ _f32(vv, dtype)).to(dtype)
+            else:
+                out = probs @ vv.to(dtype)
+            w = lyr["o"].weight
+            x = x + F.linear(out.view(b, nh * hd).to(w.dtype), w).to(dtype)
+            h = _rms(x, lyr["ln2"], eps)
+            w = lyr["gate_up"].weight
+            gate, up = F.linear(h.to(w.dtype), w).to(dtype).chunk(2, dim=-1)
+            w = lyr["down"].weight
+            x = x + F.linear((F.silu(gate) * up).to(w.dtype), w).to(dtype)
         return _rms(x, self.final_norm, self.eps)
 
     @torch.inference_mode()
