@@ -328,6 +328,17 @@ class Engine:
                 decode_rows = decoding  # gathered from logits_all only if sampled eagerly
                 slot_order += decoding
                 stats.decode_tokens += len(decoding)
+            elif decoding and fwd.fast_decode(cache):
+                # The one-token step, told what it would otherwise sync to find out.
+                run = decoding[-1] - decoding[0] == len(decoding) - 1  # sorted, distinct
+                h = fwd.decode(torch.tensor([next_token[s] for s in decoding], device=dev),
+                               torch.tensor([length[s] - 1 for s in decoding], device=dev),
+                               cache, torch.tensor(decoding, device=dev),
+                               length=max(length[s] for s in decoding),
+                               read=slice(decoding[0], decoding[-1] + 1) if run else None)
+                logits_parts.append(fwd.logits(h))
+                slot_order += decoding
+                stats.decode_tokens += len(decoding)
             elif decoding:
                 slots_t = torch.tensor(decoding, device=dev)
                 tokens = torch.tensor([[next_token[s]] for s in decoding], device=dev)
@@ -362,9 +373,10 @@ class Engine:
             elif steady:
                 # The same, eagerly: ``sample_step``'s arithmetic for all-untruncated rows in
                 # about half its ops (no truncation bookkeeping, no support tensors).
+                ones = all(running[s].params.temperature == 1 for s in slot_order)
                 order = (slice(None) if slot_order == list(range(n_slots))
                          else torch.tensor(slot_order, device=dev))
-                rec = sample_untruncated(logits_parts[0], temp[order],
+                rec = sample_untruncated(logits_parts[0], None if ones else temp[order],
                                          torch.from_numpy(u_rows).to(dev), head_k)
                 self._record(rec, slot_order, running, version)
             else:
@@ -412,7 +424,7 @@ class Engine:
                                       head_logprobs=rec.head_logprobs[index])
         tokens = rec.tokens.tolist()
         logprob = rec.logprob.tolist()
-        logprob_full = rec.logprob_full.tolist()
+        logprob_full = logprob if rec.logprob_full is rec.logprob else rec.logprob_full.tolist()
         head_ids = rec.head_ids.tolist()
         head_lp = rec.head_logprobs.tolist()
         has_support = rec.support_ids.shape[1] > 0

@@ -187,6 +187,7 @@ class EngineForward:
         self.eps = cfg.rms_norm_eps
         self.heads, self.kv_heads, self.head_dim = (cfg.num_attention_heads,
                                                     cfg.num_key_value_heads, cfg.head_dim)
+        self._rope: dict = {}  # (length, device) -> RoPE tables of positions 0..length-1
         #: ``sdpa`` or ``eager``: the recipe's choice, ``auto`` resolved for this device
         self.attention = resolve_attention(recipe.attention, device.type)
         self.layers = []
@@ -207,6 +208,11 @@ class EngineForward:
         self.final_norm = model.model.norm.weight
         self.embed = model.model.embed_tokens
         self.lm_head = _Proj([model.lm_head], mm)
+        # dense layers, every projection a fused plain weight (decode_step and decode need it)
+        self._fused = (all(lyr["moe"] is None and lyr["qkv"].weight is not None
+                           and lyr["o"].weight is not None and lyr["gate_up"].weight is not None
+                           and lyr["down"].weight is not None for lyr in self.layers)
+                       and self.lm_head.weight is not None)
 
     def tensors(self) -> list[torch.Tensor]:
         """Every tensor a forward reads that this object owns (fused weights) or borrows."""
@@ -220,10 +226,7 @@ class EngineForward:
 
     def can_compile(self, cache: KVCache) -> bool:
         """Whether ``decode_step`` applies: dense layers, fused projections, plain KV cache."""
-        return (all(lyr["moe"] is None and lyr["qkv"].weight is not None
-                    and lyr["o"].weight is not None and lyr["gate_up"].weight is not None
-                    and lyr["down"].weight is not None for lyr in self.layers)
-                and self.lm_head.weight is not None and not isinstance(cache, ScaledFP8KVCache))
+        return self._fused and not isinstance(cache, ScaledFP8KVCache)
 
     @torch.inference_mode()
     def decode_step(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache, *,
@@ -253,11 +256,25 @@ class EngineForward:
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=groups > 1)
         return _grouped_eager(q, k, v, mask, groups, self.head_dim)
 
-    def _fast_decode(self, cache: KVCache | None) -> bool:
-        """Whether ``_decode`` serves a one-token step: eager attention, dense fused layers and
+    def fast_decode(self, cache: KVCache | None) -> bool:
+        """Whether ``decode`` serves a one-token step: eager attention, dense fused layers and
         a plain cache (whose ``write``/``read`` it inlines)."""
         return (cache is not None and self.attention == "eager" and type(cache) is KVCache
-                and self.can_compile(cache))
+                and self._fused)
+
+    def _rope_at(self, positions: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``rope_cos_sin(positions)`` (sin with rotate_half's signs) read from tables of
+        positions ``0..length-1`` built once per cache length (the same elementwise values),
+        instead of a dozen ops per forward."""
+        key = (length, positions.device)
+        if key not in self._rope:
+            hd = self.head_dim
+            cos, sin = rope_cos_sin(torch.arange(length, device=positions.device), hd,
+                                    self.config.rope_theta)
+            sin = torch.cat([-sin[..., : hd // 2], sin[..., hd // 2:]], dim=-1)
+            self._rope = {key: (cos, sin)}  # one cache length at a time
+        cos, sin = self._rope[key]
+        return cos[positions], sin[positions]
 
     @torch.inference_mode()
     def hidden(self, input_ids: torch.Tensor, positions: torch.Tensor | None = None,
@@ -269,13 +286,16 @@ class EngineForward:
         """
         b, t = input_ids.shape
         dev = input_ids.device
-        if t == 1 and positions is not None and self._fast_decode(cache):
-            return self._decode(input_ids[:, 0], positions[:, 0], cache, slots)[:, None]
+        if t == 1 and positions is not None and self.fast_decode(cache):
+            return self.decode(input_ids[:, 0], positions[:, 0], cache, slots)[:, None]
         if positions is None:
             positions = torch.arange(t, device=dev).expand(b, t)
         hd, nh, nk = self.head_dim, self.heads, self.kv_heads
-        cos, sin = rope_cos_sin(positions, hd, self.config.rope_theta)
-        sin = torch.cat([-sin[..., : hd // 2], sin[..., hd // 2:]], dim=-1)
+        if cache is not None and int(positions.max()) < cache.max_len:
+            cos, sin = self._rope_at(positions, cache.max_len)
+        else:
+            cos, sin = rope_cos_sin(positions, hd, self.config.rope_theta)
+            sin = torch.cat([-sin[..., : hd // 2], sin[..., hd // 2:]], dim=-1)
         cos, sin = cos[:, None], sin[:, None]
         read_slots: torch.Tensor | slice | None = slots
         if cache is None:
@@ -315,9 +335,14 @@ class EngineForward:
                 x = x + lyr["down"](F.silu(gate) * up)[0]
         return _rms(x, self.final_norm, self.eps)
 
-    def _decode(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache,
-                slots: torch.Tensor) -> torch.Tensor:
-        """``hidden`` for one token per row (``tokens, positions, slots [B]``) -> ``[B, D]``.
+    @torch.inference_mode()
+    def decode(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache,
+               slots: torch.Tensor, *, length: int | None = None,
+               read: slice | None = None) -> torch.Tensor:
+        """``hidden`` for one token per row (``tokens, positions, slots [B]``) -> ``[B, D]``;
+        only where ``fast_decode(cache)``. ``length`` (``max(positions) + 1``) and ``read``
+        (``slots`` as a slice when they are a contiguous run) spare the device syncs of
+        computing them when the caller knows them.
 
         The same operations on the same values as ``hidden``'s loop (so the same numbers), in
         fewer of them: decode on a small model is bound by per-op overhead, not arithmetic.
@@ -329,15 +354,16 @@ class EngineForward:
         dev = tokens.device
         hd, nh, nk, eps = self.head_dim, self.heads, self.kv_heads, self.eps
         groups = nh // nk
-        length = int(positions.max()) + 1
+        if length is None:
+            length = int(positions.max()) + 1
         if length > cache.max_len:
             raise ValueError(f"position {length - 1} is past the cache length {cache.max_len}")
-        first = int(slots[0])
-        read: torch.Tensor | slice = slots
-        if b == 1 or bool((slots == torch.arange(first, first + b, device=dev)).all()):
-            read = slice(first, first + b)  # a view instead of a gather
-        cos, sin = rope_cos_sin(positions, hd, self.config.rope_theta)     # [B, hd]
-        sin = torch.cat([-sin[..., : hd // 2], sin[..., hd // 2:]], dim=-1)
+        if read is None:
+            first = int(slots[0])
+            read = slots
+            if b == 1 or bool((slots == torch.arange(first, first + b, device=dev)).all()):
+                read = slice(first, first + b)  # a view instead of a gather
+        cos, sin = self._rope_at(positions, cache.max_len)                  # [B, hd]
         cos, sin = cos[:, None], sin[:, None]                               # per head
         hide = (torch.arange(length, device=dev) > positions[:, None])[:, None, None]  # [B,1,1,L]
         fill = torch.finfo(torch.float32).min

@@ -127,13 +127,22 @@ def sample_untruncated_compiled(logits: torch.Tensor, temperature: torch.Tensor,
     return _records(logits, *_COMPILED["fn"](logits, temperature, u, min(head_k, logits.shape[1])))
 
 
-def sample_untruncated(logits: torch.Tensor, temperature: torch.Tensor, u: torch.Tensor,
+def sample_untruncated(logits: torch.Tensor, temperature: torch.Tensor | None, u: torch.Tensor,
                        head_k: int) -> StepRecords:
     """``sample_step`` for rows that all sample the full distribution (``temperature > 0``, no
     top-p/top-k) with ``head_k >= 1``, eagerly: the same arithmetic in about half the ops, which
-    is what a decode step of a small model spends its time on."""
-    return _records(logits, *_sample_untruncated(logits, temperature, u,
-                                                 min(head_k, logits.shape[1])))
+    is what a decode step of a small model spends its time on. ``temperature=None``: every row
+    at temperature 1 (dividing by 1 changes no float, so it is skipped)."""
+    vocab = logits.shape[1]
+    z = logits.float()
+    logq = torch.log_softmax(z if temperature is None else z / temperature.float()[:, None], -1)
+    cdf = logq.double().exp().cumsum(-1)
+    # _pick with every row's last index vocab - 1: the total is the last column
+    total = cdf[:, -1:]
+    target = torch.minimum(u[:, None] * total, torch.nextafter(total, torch.zeros_like(total)))
+    tokens = torch.searchsorted(cdf, target, right=True)[:, 0].clamp_(max=vocab - 1)
+    head_lp, head_ids = logq.topk(min(head_k, vocab), dim=-1, sorted=True)
+    return _records(logits, tokens, logq.gather(1, tokens[:, None])[:, 0], head_lp, head_ids)
 
 
 def _records(logits: torch.Tensor, tokens: torch.Tensor, lq: torch.Tensor,

@@ -76,3 +76,42 @@ def test_compiled_decode_generates_what_the_eager_engine_does(hf_model_dir):
         np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
         np.testing.assert_allclose(a.logprobs_full, b.logprobs_full, atol=1e-5)
         assert a.support_ids == b.support_ids
+
+
+class _GeneralPathCache(KVCache):
+    """A plain cache under another type: ``EngineForward.hidden`` takes its general per-layer
+    ``write``/``read`` loop for it, not the one-token ``decode`` step."""
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("kernel", ["auto", "native"])
+def test_one_token_decode_step_computes_what_the_general_path_does(hf_model_dir, kernel,
+                                                                   cache_dtype):
+    """bf16 compute: ``decode`` (a decode step's fast path) against the general loop, through
+    a contiguous run of slots (cache views) and a gathered set, in a bf16 cache and in the
+    float32 cache the eager engine stores bf16 keys/values in. Probabilities @ values run as the
+    float32 GEMM on the ``auto`` kernel (bf16 products are exact in float32; only the summation
+    order can differ from the bf16 GEMM), so the logits agree to a bf16 rounding there and
+    exactly on ``native``."""
+    path, _ = hf_model_dir("dense_untied_gqa4")
+    recipe = get_recipe("bf16", kernel=kernel, attention="eager")
+    model = load_model(path, recipe).model
+    fwd = EngineForward(model, recipe)
+    ids = _ids(model.config.vocab_size, (3, 12), seed=3)
+    steps = [(torch.tensor([1, 2, 3]), torch.tensor([[7], [5], [7]]), ids[:, 7:8]),
+             (torch.tensor([3, 1]), torch.tensor([[8], [8]]), ids[[2, 0], 8:9])]
+    got = {}
+    for cls in (KVCache, _GeneralPathCache):
+        cache = cls.for_model(model.config, slots=4, max_len=12, dtype=cache_dtype)
+        assert fwd.fast_decode(cache) == (cls is KVCache)
+        fwd.hidden(ids[:, :7], cache=cache, slots=torch.tensor([1, 2, 3]))
+        got[cls] = [fwd.logits(fwd.hidden(tok, pos, cache=cache, slots=slots))[:, 0]
+                    for slots, pos, tok in steps] + [torch.stack(cache.k), torch.stack(cache.v)]
+    for fast, general in zip(got[KVCache], got[_GeneralPathCache], strict=True):
+        if kernel == "native":
+            assert torch.equal(fast, general)
+        else:
+            torch.testing.assert_close(fast, general, atol=2e-2, rtol=0)
+    with pytest.raises(ValueError, match="past the cache length"):
+        fwd.hidden(ids[:1, :1], torch.tensor([[12]]), cache=KVCache.for_model(
+            model.config, slots=1, max_len=12, dtype=cache_dtype), slots=torch.tensor([0]))
