@@ -7,6 +7,7 @@ import torch
 from scipy import stats
 
 from sampler_torch.engine import Engine, SamplingParams, sample_step, uniforms
+from sampler_torch.models import KVCache
 
 T, TOP_P, TOP_K, HEAD_K = 0.7, 0.8, 12, 5
 
@@ -183,3 +184,48 @@ def test_bad_requests_are_refused(engine):
         SamplingParams(temperature=-1)
     with pytest.raises(ValueError, match="SamplingParams"):
         engine.generate([[1], [2]], [SamplingParams()])
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_the_untruncated_sampler_records_what_sample_step_does(temperature):
+    """The eager engine's steady-state sampler (rows without truncation): every record equal to
+    ``sample_step``'s, at temperature 1 (where it skips the division) and below."""
+    from sampler_torch.engine.sampling import sample_untruncated
+
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(7, 300, generator=gen) * 3
+    u = torch.rand(7, dtype=torch.float64, generator=gen)
+    u[0] = 0.0
+    u[1] = 1.0 - 2 ** -53
+    temp = torch.full((7,), temperature)
+    ref = sample_step(logits, temp, torch.ones(7, dtype=torch.float64),
+                      torch.zeros(7, dtype=torch.long), HEAD_K, u)
+    got = sample_untruncated(logits, None if temperature == 1 else temp, u, HEAD_K)
+    for field in ("tokens", "logprob", "logprob_full", "head_ids", "head_logprobs",
+                  "support_len"):
+        assert torch.equal(getattr(got, field), getattr(ref, field)), field
+    assert got.support_ids.shape == ref.support_ids.shape == (7, 0)
+    assert int(got.tokens[1]) == int(ref.tokens[1]) and 0 <= int(got.tokens[1]) < 300
+
+
+def test_the_default_bf16_engine_scores_what_it_samples(hf_model_dir):
+    """The engine as mixrl-sample builds it on the CPU (bf16, eager one-token decode, keys and
+    values kept in a float32 cache): its records agree with the teacher-forced logits of the
+    general forward in the recipe's bf16 cache (bf16 roundings apart: decode and prefill GEMMs
+    sum in different orders)."""
+    path, _ = hf_model_dir("dense_untied_gqa4")
+    eng = Engine(path, "bf16", max_batch=3)
+    assert not eng.compile and eng.forward.sgemm  # the float32 cache's conditions
+    assert eng.forward.fast_decode(KVCache(0, 0, 0, 0, 0))
+    prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9], [10]]
+    outs = eng.generate(prompts, SamplingParams(max_new_tokens=6, head_k=HEAD_K, seed=3))
+    agree = 0
+    for prompt, c in zip(prompts, outs, strict=True):
+        logits = eng.logits([prompt + c.token_ids])[0][len(prompt) - 1: -1]
+        logq = torch.log_softmax(logits, -1)
+        got = torch.tensor(c.logprobs_full)
+        np.testing.assert_allclose(got, logq.gather(1, torch.tensor(c.token_ids)[:, None])[:, 0],
+                                   atol=0.05)
+        agree += sum(h == logq[t].topk(HEAD_K).indices.tolist()
+                     for t, h in enumerate(c.head_ids))
+    assert agree >= 0.75 * 6 * len(prompts), agree

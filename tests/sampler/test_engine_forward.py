@@ -101,17 +101,22 @@ def test_one_token_decode_step_computes_what_the_general_path_does(hf_model_dir,
     steps = [(torch.tensor([1, 2, 3]), torch.tensor([[7], [5], [7]]), ids[:, 7:8]),
              (torch.tensor([3, 1]), torch.tensor([[8], [8]]), ids[[2, 0], 8:9])]
     got = {}
-    for cls in (KVCache, _GeneralPathCache):
-        cache = cls.for_model(model.config, slots=4, max_len=12, dtype=cache_dtype)
+    # the general loop in the recipe's bf16 cache: what the engine's float32 cache stands in for
+    runs = [(KVCache, cache_dtype), (_GeneralPathCache, cache_dtype),
+            (_GeneralPathCache, torch.bfloat16)]
+    for cls, dtype in runs:
+        cache = cls.for_model(model.config, slots=4, max_len=12, dtype=dtype)
         assert fwd.fast_decode(cache) == (cls is KVCache)
         fwd.hidden(ids[:, :7], cache=cache, slots=torch.tensor([1, 2, 3]))
-        got[cls] = [fwd.logits(fwd.hidden(tok, pos, cache=cache, slots=slots))[:, 0]
-                    for slots, pos, tok in steps] + [torch.stack(cache.k), torch.stack(cache.v)]
-    for fast, general in zip(got[KVCache], got[_GeneralPathCache], strict=True):
-        if kernel == "native":
-            assert torch.equal(fast, general)
-        else:
-            torch.testing.assert_close(fast, general, atol=2e-2, rtol=0)
+        got[cls, dtype] = [fwd.logits(fwd.hidden(tok, pos, cache=cache, slots=slots))[:, 0]
+                           for slots, pos, tok in steps]
+        got[cls, dtype] += [torch.stack(cache.k).float(), torch.stack(cache.v).float()]
+    for reference in runs[1:]:
+        for fast, general in zip(got[runs[0]], got[reference], strict=True):
+            if kernel == "native":
+                assert torch.equal(fast, general)
+            else:
+                torch.testing.assert_close(fast, general, atol=2e-2, rtol=0)
     with pytest.raises(ValueError, match="past the cache length"):
         fwd.hidden(ids[:1, :1], torch.tensor([[12]]), cache=KVCache.for_model(
             model.config, slots=1, max_len=12, dtype=cache_dtype), slots=torch.tensor([0]))
