@@ -97,7 +97,11 @@ class Engine:
     (``EngineForward.decode_step``) where the model and cache allow it: a one-off compile per
     (batch, cache length bucket), then far less per-token overhead. ``compile="auto"`` (the
     default, what ``mixrl-sample`` runs) compiles on CUDA and not on the CPU, where the eager step
-    measured faster (``benchmarks/bench_sampler.py``).
+    measured about as fast (``benchmarks/bench_sampler.py``: ``EngineForward.decode``, the
+    eager one-token step, and ``sampling.sample_untruncated``) without a compile per shape.
+    On that eager path with the CPU's float32 GEMM for bf16 (kernel ``auto``) the KV cache
+    stores its bf16 values in float32: the same numbers, twice the cache memory, no per-layer
+    conversion of the cache each step.
 
     ``device``: where the model, its KV cache, the recipe's scales and the sampling step live
     (``"cpu"``, ``"cuda"``, ``"cuda:1"``); ``sampler_torch.device.local_device`` resolves

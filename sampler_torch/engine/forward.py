@@ -14,6 +14,10 @@ model's own ``forward``, arranged for decode throughput.
 - RoPE tables and the attention mask are built once per forward, not once per layer; KV-cache
   reads of a contiguous run of slots are views, not gathers.
 
+- ``decode`` serves the eager engine's one-token steps (dense fused layers, eager attention,
+  a plain cache): the general loop's operations without its per-layer bookkeeping, RoPE read
+  from per-cache-length tables; decode on the CPU at small sizes costs per op, so it is within
+  about 10 % of the compiled step (``benchmarks/bench_sampler.py``) without compiling.
 - ``decode_step`` (``Engine(compile=...)``; ``auto``, the default, uses it on CUDA, where one
   compiled graph per step replaces hundreds of kernel launches, and not on the CPU, where the
   eager step measured faster in ``benchmarks/bench_sampler.py``): one decode token for every KV-cache slot
@@ -267,14 +271,14 @@ class EngineForward:
         positions ``0..length-1`` built once per cache length (the same elementwise values),
         instead of a dozen ops per forward."""
         key = (length, positions.device)
-        if key not in self._rope:
+        tables = self._rope.get(key)
+        if tables is None:
             hd = self.head_dim
             cos, sin = rope_cos_sin(torch.arange(length, device=positions.device), hd,
                                     self.config.rope_theta)
-            sin = torch.cat([-sin[..., : hd // 2], sin[..., hd // 2:]], dim=-1)
-            self._rope = {key: (cos, sin)}  # one cache length at a time
-        cos, sin = self._rope[key]
-        return cos[positions], sin[positions]
+            tables = (cos, torch.cat([-sin[..., : hd // 2], sin[..., hd // 2:]], dim=-1))
+            self._rope = {key: tables}  # one cache length at a time (a new dict: no reader races)
+        return tables[0][positions], tables[1][positions]
 
     @torch.inference_mode()
     def hidden(self, input_ids: torch.Tensor, positions: torch.Tensor | None = None,
@@ -344,8 +348,13 @@ class EngineForward:
         (``slots`` as a slice when they are a contiguous run) spare the device syncs of
         computing them when the caller knows them.
 
-        The same operations on the same values as ``hidden``'s loop (so the same numbers), in
-        fewer of them: decode on a small model is bound by per-op overhead, not arithmetic.
+        The same operations on the same values as ``hidden``'s loop, in fewer of them: decode
+        on a small model is bound by per-op overhead, not arithmetic. One product differs in
+        kind, not in value: with ``sgemm`` (bf16 on the CPU, kernel ``auto``) probabilities @
+        values is the float32 GEMM of the bf16 operands, as the projections are (exact
+        products, float32 sums, rounded to bf16; about twice as fast as the CPU's bf16 bmm at
+        decode shapes), and a float32 cache (the eager engine's, holding bf16 values) is read
+        without conversion. ``tests/sampler/test_engine_forward.py`` holds the two paths equal.
         Rows stay 2-D (``F.linear`` is one GEMM call, no folding of a length-1 axis), heads
         need no transposes at T = 1, keys and values are stored by plain indexing, and the
         mask is one row per sequence.
