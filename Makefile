@@ -10,9 +10,10 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.mixrl-installed
 TORCH_VERSION ?= 2.13.0
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
-TORCH_INDEX ?= $(shell command -v nvidia-smi >/dev/null 2>&1 || \
+# (recursively expanded: the probe runs only when the install recipe below uses it)
+TORCH_INDEX ?= $(shell if ! command -v nvidia-smi >/dev/null 2>&1 && \
 	$(PYTHON) -c "import urllib.request as u; u.urlopen('$(TORCH_CPU_INDEX)/', timeout=5)" \
-	>/dev/null 2>&1 && echo $(TORCH_CPU_INDEX))
+	>/dev/null 2>&1; then echo $(TORCH_CPU_INDEX); fi)
 
 .PHONY: venv demo test lint bench clean
 
