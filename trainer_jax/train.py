@@ -97,8 +97,11 @@ class Trainer:
                 self.console.print(f"an earlier run in {self.run_dir} was moved to {aside} "
                                    "(--resume continues a run instead)")
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            # service.token_file: an existing file wins (samplers may already hold its token).
-            self.token = write_token_file(self.token_file, self.token, replace=not cfg.service.token_file)
+            # service.token_file: an existing file wins (samplers may already hold its token) and
+            # is only read: it may sit on a read-only mount (a secret volume).
+            if not (cfg.service.token_file and self.token_file.is_file()):
+                self.token = write_token_file(self.token_file, self.token,
+                                              replace=not cfg.service.token_file)
         self.resume = resume
         self.group_names = [g.name for g in cfg.groups]
         self.samplers = LocalSamplers(cfg, self.run_dir)

@@ -73,7 +73,15 @@ def test_trainer_uses_creates_and_keeps_the_token_file(tmp_path):
     assert read_token_file(configured) == first.token
     # A fresh run (not --resume) uses the file's token: samplers given the file keep working.
     (tmp_path / "run" / "summary.json").write_text("{}")  # an earlier run, set aside
-    again = _trainer(tmp_path, f"service.token_file={configured}")
+    # An existing file is only read: it may sit on a read-only secret mount. An immutable
+    # directory stands in for one (root ignores mode bits, not the immutable flag).
+    immutable = subprocess.run(["chattr", "+i", str(configured.parent)],
+                               capture_output=True).returncode == 0
+    try:
+        again = _trainer(tmp_path, f"service.token_file={configured}")
+    finally:
+        if immutable:
+            subprocess.run(["chattr", "-i", str(configured.parent)], check=True)
     assert again.token == first.token and read_token_file(configured) == first.token
     assert not (tmp_path / "run" / "token").exists()
     # A token file inside the run directory survives the set-aside with its token.
