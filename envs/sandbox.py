@@ -1,6 +1,6 @@
 """Run an agent's shell command in a throwaway jail, one per episode.
 
-Each sandbox holds, for its life, a uid of its own (``envs.jail.uids``: 200000 + n, a lock file per
+Each sandbox holds, for its life, a uid of its own (``envs.jail.uids``: 0x60000000 + n, a lock file per
 uid), a memory and pids cgroup of its own (``envs.jail.cgroups``: v2 where mounted, v1 otherwise) and
 a size-limited writable area (a tmpfs of ``disk_bytes`` at ``workdir``). Each ``run(cmd)`` starts
 fresh network, mount, pid, IPC and UTS namespaces (``unshare``) whose pid 1 is ``envs.jail.init``; the

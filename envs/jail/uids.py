@@ -3,12 +3,14 @@
 ``RLIMIT_NPROC`` counts a uid host-wide, and signals and ``/proc`` access go by uid: when every
 sandbox ran as ``nobody``, one episode's fork bomb or leftovers made every other episode fail to
 fork, and sandboxes could signal each other. Each sandbox now holds one uid of
-``[base, base + count)`` (default 200000 + 0..1023; ``MIXRL_SANDBOX_UID_BASE`` / ``_COUNT``) for its
+``[base, base + count)`` (default 0x60000000 + 0..1023; ``MIXRL_SANDBOX_UID_BASE`` / ``_COUNT``) for its
 life. The lease is an ``flock`` on ``<lock dir>/<uid>.lock`` (default ``/run/mixrl-sandbox/uids``,
 ``MIXRL_SANDBOX_UID_LOCK_DIR``): two samplers or two test workers allocating at once get different
 uids, and a process that dies releases its uids with its descriptors. A new holder kills whatever
-still runs as the uid (a sandbox whose owner was SIGKILLed) before using it, so pick a range that
-no user and no ``/etc/subuid`` map uses (the base must be at least 65536).
+still runs as the uid (a sandbox whose owner was SIGKILLed) before using it, so the range must be
+one no user and no ``/etc/subuid`` / ``/etc/subgid`` map uses: the base must be at least 65536, a
+range overlapping a map in those files is refused in one line, and the default sits far above the
+maps ``useradd`` hands out (100000 + 65536 per user).
 """
 
 from __future__ import annotations
@@ -19,9 +21,29 @@ import signal
 from collections.abc import Callable
 from pathlib import Path
 
-DEFAULT_BASE, DEFAULT_COUNT = 200_000, 1024
+DEFAULT_BASE, DEFAULT_COUNT = 0x6000_0000, 1024
 MIN_BASE = 65_536
 DEFAULT_LOCK_DIR = Path("/run/mixrl-sandbox/uids")
+
+
+def subordinate_overlap(base: int, count: int,
+                        files: tuple[str, ...] = ("/etc/subuid", "/etc/subgid")) -> str | None:
+    """The first ``/etc/subuid`` / ``/etc/subgid`` map (``name:start:count``) that meets
+    ``[base, base + count)``, as ``"file: line"``, or None. Those ids belong to users' rootless
+    containers: a sandbox taking one would kill their processes."""
+    for path in files:
+        try:
+            lines = Path(path).read_text().splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            parts = line.strip().split(":")
+            if len(parts) != 3 or not parts[1].isdigit() or not parts[2].isdigit():
+                continue
+            start, n = int(parts[1]), int(parts[2])
+            if start < base + count and base < start + n:
+                return f"{path}: {line.strip()}"
+    return None
 
 
 class UidsExhausted(RuntimeError):
@@ -51,6 +73,9 @@ class UidLease:
             # Everything running as a uid of the range is killed when a sandbox takes it.
             raise ValueError(f"sandbox uid range {self.base}+{self.count}: the base must be >= {MIN_BASE} "
                              "(above every ordinary user) and the count >= 1")
+        if (clash := subordinate_overlap(self.base, self.count)) is not None:
+            raise ValueError(f"sandbox uid range {self.base}+{self.count} overlaps a subordinate id map "
+                             f"({clash}): set MIXRL_SANDBOX_UID_BASE to a free range")
         self.lock_dir = Path(lock_dir or os.environ.get("MIXRL_SANDBOX_UID_LOCK_DIR") or DEFAULT_LOCK_DIR)
         self.lock_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self._fd: int | None = None

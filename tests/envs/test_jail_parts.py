@@ -171,7 +171,7 @@ def test_shell_env_refuses_without_cgroups_and_runs_rlimits_only_when_told(monke
         task = env.sample_task(np.random.default_rng(0), "t0")
         assert task.payload["allow_unbounded_memory"] is True
         with make_env("shell", tok).start(task) as ep:  # a sampler's env, built with defaults
-            assert ep.sandbox.cgroup is None and ep.sandbox.uid >= 200_000
+            assert ep.sandbox.cgroup is None and ep.sandbox.uid >= 0x6000_0000
             assert ep.sandbox.run("id -u; echo ok > out.txt; cat out.txt").output == f"{ep.sandbox.uid}\nok\n"
     finally:
         monkeypatch.delenv("MIXRL_SANDBOX_CGROUP")
@@ -232,3 +232,17 @@ def test_a_uid_range_among_ordinary_users_is_refused(tmp_path, monkeypatch):
         monkeypatch.setenv("MIXRL_SANDBOX_UID_BASE", "1000")
         with pytest.raises(sbx.SandboxUnavailable, match="^sandbox: sandbox uid range 1000"):
             sbx.Sandbox()
+
+
+def test_a_uid_range_on_a_subordinate_id_map_is_refused(tmp_path):
+    """/etc/subuid ranges belong to users' rootless containers: a lease kills whatever runs as its
+    uid, so a range touching one is refused in one line (the default sits far above useradd's)."""
+    from envs.jail.uids import DEFAULT_BASE, DEFAULT_COUNT, subordinate_overlap
+
+    subuid = tmp_path / "subuid"
+    subuid.write_text("alice:100000:65536\nbob:165536:65536\n# junk line\n")
+    files = (str(subuid), str(tmp_path / "missing"))
+    assert subordinate_overlap(200_000, 1024, files) == f"{subuid}: bob:165536:65536"
+    assert subordinate_overlap(231_072, 1024, files) is None       # just past bob's map
+    assert subordinate_overlap(99_000, 1000, files) is None        # ends where alice's starts
+    assert subordinate_overlap(DEFAULT_BASE, DEFAULT_COUNT, files) is None
