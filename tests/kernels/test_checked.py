@@ -149,3 +149,17 @@ def test_the_shipped_registry_reads():
     """The package's own file (written by the device check on real hardware) parses."""
     entries = checked.load(checked.REGISTRY)
     assert all(e["result"] in ("pass", "fail") and e["tolerance"] > 0 for e in entries)
+
+
+def test_a_damaged_registry_checks_nothing_instead_of_failing_start_up(registry):
+    """A half-edited or corrupt file, or an entry without its figures, leaves auto on the XLA
+    paths with a warning, never a traceback at start-up."""
+    registry.write_text("{not json")
+    with pytest.warns(UserWarning, match="unreadable"):
+        assert checked.choose("linear_logsumexp", H200)[0] == "xla"
+    registry.write_text(json.dumps({"entries": [
+        {**_entry("linear_logsumexp:pallas"), "max_err": None},
+        {"kernel": "attention:cudnn", "platform": None}]}))
+    name, why = checked.choose("linear_logsumexp", H200)
+    assert name == "xla" and "without its error figures" in why
+    assert checked.choose("attention", H200)[0] == "blocked"
