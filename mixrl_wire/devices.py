@@ -38,9 +38,24 @@ def check_spec(spec: str) -> str:
     return spec
 
 
+#: Set by the trainer for each sampler it spawns (its ordinal among them on this host), in place
+#: of the trainer's own LOCAL_RANK / SLURM_LOCALID: ``auto`` spreads spawned samplers over the
+#: visible GPUs (slot modulo their count) instead of stacking them all on the trainer's GPU.
+SPAWN_SLOT_ENV = "MIXRL_SAMPLER_SLOT"
+LAUNCHER_RANK_ENV = ("LOCAL_RANK", "SLURM_LOCALID")
+
+
+def spawned_env(env: Mapping[str, str], slot: int) -> dict[str, str]:
+    """The environment of the ``slot``-th spawned sampler: ``env`` without the launcher's rank
+    (it is the trainer's, not the sampler's), with ``MIXRL_SAMPLER_SLOT``."""
+    out = {k: v for k, v in env.items() if k not in LAUNCHER_RANK_ENV}
+    out[SPAWN_SLOT_ENV] = str(slot)
+    return out
+
+
 def local_rank(env: Mapping[str, str]) -> int | None:
     """The process's rank on its host as a launcher set it (torchrun, then SLURM), or None."""
-    for key in ("LOCAL_RANK", "SLURM_LOCALID"):
+    for key in LAUNCHER_RANK_ENV:
         value = env.get(key, "").strip()
         if value:
             if not value.isdigit():
@@ -49,10 +64,22 @@ def local_rank(env: Mapping[str, str]) -> int | None:
     return None
 
 
+def spawn_slot(env: Mapping[str, str]) -> int | None:
+    """``MIXRL_SAMPLER_SLOT`` (set by a trainer that spawned this sampler), or None."""
+    value = env.get(SPAWN_SLOT_ENV, "").strip()
+    if not value:
+        return None
+    if not value.isdigit():
+        raise DeviceError(f"{SPAWN_SLOT_ENV}={value!r} is not a non-negative integer")
+    return int(value)
+
+
 def resolve_device(spec: str, *, visible: int, rank: int | None = None,
-                   cuda_visible_devices: str | None = None) -> str:
+                   cuda_visible_devices: str | None = None, slot: int | None = None) -> str:
     """The torch device (``"cpu"`` or ``"cuda:N"``) that ``spec`` means for a process that sees
-    ``visible`` CUDA devices and has local ``rank`` (None: not under a launcher).
+    ``visible`` CUDA devices and has local ``rank`` (None: not under a launcher). A sampler the
+    trainer spawned has no launcher rank but a ``slot``: ``auto`` / ``cuda`` take GPU ``slot %
+    visible``, so a host's spawned samplers spread over its GPUs.
 
     ``cuda`` without an index is the local GPU as ``auto`` picks it; ``auto`` falls back to the
     CPU when no device is visible, ``cuda`` / ``cuda:N`` raise ``DeviceError`` instead (a GPU
@@ -72,6 +99,8 @@ def resolve_device(spec: str, *, visible: int, rank: int | None = None,
         if index >= visible:
             raise DeviceError(f"--device {spec}: only {visible} CUDA device(s) visible{seen}")
         return spec
+    if rank is None and slot is not None:
+        return f"cuda:{slot % visible}"
     if rank is None or visible == 1:
         return "cuda:0"
     if rank >= visible:
@@ -138,5 +167,6 @@ def gpu_sharing_problem(devices: Iterable[str], env: Mapping[str, str], platform
             "on device: cpu")
 
 
-__all__ = ["JAX_DEFAULT_MEM_FRACTION", "DeviceError", "check_spec", "gpu_sharing_problem",
-           "jax_platform", "jax_preallocation", "local_rank", "resolve_device"]
+__all__ = ["DeviceError", "JAX_DEFAULT_MEM_FRACTION", "LAUNCHER_RANK_ENV", "SPAWN_SLOT_ENV",
+           "check_spec", "gpu_sharing_problem", "jax_platform", "jax_preallocation", "local_rank",
+           "resolve_device", "spawn_slot", "spawned_env"]

@@ -11,12 +11,13 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from mixrl_wire.devices import DeviceError, check_spec, local_rank, resolve_device
+from mixrl_wire.devices import DeviceError, check_spec, local_rank, resolve_device, spawn_slot
 
 
 def local_device(spec: str, env: Mapping[str, str] | None = None) -> str:
-    """``resolve_device`` for this process: torch's visible device count, the launcher's rank
-    (``cpu`` without importing torch: the checks after it answer sooner)."""
+    """``resolve_device`` for this process: torch's visible device count, the launcher's rank or
+    the slot a spawning trainer gave (``cpu`` without importing torch: the checks after it answer
+    sooner)."""
     env = os.environ if env is None else env
     if check_spec(spec) == "cpu":
         return "cpu"
@@ -24,7 +25,7 @@ def local_device(spec: str, env: Mapping[str, str] | None = None) -> str:
 
     visible = torch.cuda.device_count() if spec != "cpu" and torch.cuda.is_available() else 0
     return resolve_device(spec, visible=visible, rank=local_rank(env),
-                          cuda_visible_devices=env.get("CUDA_VISIBLE_DEVICES"))
+                          cuda_visible_devices=env.get("CUDA_VISIBLE_DEVICES"), slot=spawn_slot(env))
 
 
 def describe(device) -> dict[str, str]:

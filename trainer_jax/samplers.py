@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from mixrl_wire.devices import spawned_env
 from trainer_jax.config import RunConfig, SamplerGroupConfig
 
 
@@ -103,8 +104,12 @@ class LocalSamplers:
         return self.processes[-1]
 
     def _spawn(self, name: str, cmd: list[str]) -> subprocess.Popen:
+        # The sampler's slot among this host's spawned samplers (a restart keeps its slot), in
+        # place of the trainer's launcher rank: device auto spreads them over the visible GPUs.
+        slot = next(i for i, life in enumerate(self._lives) if life.name == name)
         with open(self.logs / f"{name}.log", "ab") as log:
-            return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                    env=spawned_env(os.environ, slot))
 
     def restart_dead(self) -> list[str]:
         """Restart the processes that exited and whose backoff has passed; one line per event

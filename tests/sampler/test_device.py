@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from convert.formats import get_codec
-from mixrl_wire.devices import DeviceError, check_spec, local_rank, resolve_device
+from mixrl_wire.devices import DeviceError, check_spec, local_rank, resolve_device, spawn_slot, spawned_env
 from sampler_torch.device import describe, local_device
 from sampler_torch.engine import Engine, SamplingParams
 from sampler_torch.recipes import get_recipe, load_model, resolve_attention
@@ -72,6 +72,20 @@ def test_resolve_device_refuses(spec, visible, rank, match):
 def test_resolve_device_names_cuda_visible_devices():
     with pytest.raises(DeviceError, match=r"CUDA_VISIBLE_DEVICES='6'"):
         resolve_device("cuda:1", visible=1, cuda_visible_devices="6")
+
+
+def test_spawned_samplers_spread_over_the_visible_gpus():
+    """A trainer's spawned samplers get a slot instead of the trainer's launcher rank: auto takes
+    GPU slot % visible (eight samplers on four GPUs: two each), never all on the trainer's GPU."""
+    trainer_env = {"LOCAL_RANK": "0", "SLURM_LOCALID": "0", "PATH": "/bin"}
+    envs = [spawned_env(trainer_env, slot) for slot in range(8)]
+    assert all("LOCAL_RANK" not in e and "SLURM_LOCALID" not in e and e["PATH"] == "/bin" for e in envs)
+    devices = [resolve_device("auto", visible=4, rank=local_rank(e), slot=spawn_slot(e)) for e in envs]
+    assert devices == ["cuda:0", "cuda:1", "cuda:2", "cuda:3"] * 2
+    assert resolve_device("auto", visible=0, slot=5) == "cpu"
+    assert resolve_device("cuda:1", visible=4, slot=3) == "cuda:1"  # an explicit index wins
+    with pytest.raises(DeviceError, match="MIXRL_SAMPLER_SLOT"):
+        spawn_slot({"MIXRL_SAMPLER_SLOT": "x"})
 
 
 def test_local_rank_from_launchers():

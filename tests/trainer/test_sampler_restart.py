@@ -23,6 +23,13 @@ def _until(samplers: LocalSamplers, restarts: int, timeout_s: float = 10.0) -> l
     return events
 
 
+def _wait_log(path, text: str, count: int, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not (path.exists() and path.read_text().count(text) >= count):
+        assert time.monotonic() < deadline, path.read_text() if path.exists() else path
+        time.sleep(0.02)
+
+
 def _kill(p) -> None:
     os.kill(p.pid, signal.SIGKILL)
     p.wait()
@@ -49,6 +56,7 @@ def test_a_killed_sampler_is_restarted_with_backoff_and_counted(tmp_path):
         assert events[0] == "sampler bf16-0 exited (code -9); restarting it in 0.4s"
         assert time.monotonic() - t0 >= 0.4 and s.processes[0].poll() is None
 
+        _wait_log(tmp_path / "logs" / "bf16-0.log", "up", 3)  # the third life is up: kill it after
         _kill(s.processes[0])  # a third quick death: given up, the other slot serves on
         assert "not restarting it" in s.restart_dead()[0]
         assert s.restarts == 2 and not s.all_dead()
@@ -74,3 +82,24 @@ def test_a_sampler_that_cannot_start_is_given_up_and_all_dead_says_so(tmp_path):
         time.sleep(0.01)
     assert s.restarts == 3 and events[-1].startswith("sampler bf16-0 exited (code 3) 4 times in a row")
     assert (tmp_path / "logs" / "bf16-0.log").read_text().count("no model") == 4
+
+
+def test_each_spawned_sampler_has_its_slot_and_not_the_trainers_rank(tmp_path, monkeypatch):
+    """The child's environment: MIXRL_SAMPLER_SLOT by launch order (kept across a restart), the
+    trainer's LOCAL_RANK / SLURM_LOCALID removed (device auto then spreads over the GPUs)."""
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    monkeypatch.setenv("SLURM_LOCALID", "3")
+    samplers = LocalSamplers(RunConfig(), tmp_path)
+    show = ["sh", "-c",
+            'echo "slot=$MIXRL_SAMPLER_SLOT rank=${LOCAL_RANK:-}${SLURM_LOCALID:-}"; exec sleep 60']
+    try:
+        first, _ = samplers.launch("a-0", show), samplers.launch("b-0", show)
+        _wait_log(tmp_path / "logs" / "a-0.log", "slot=", 1)
+        _kill(first)
+        _until(samplers, 1)
+        _wait_log(tmp_path / "logs" / "a-0.log", "slot=", 2)
+        assert (tmp_path / "logs" / "a-0.log").read_text().splitlines() == ["slot=0 rank=", "slot=0 rank="]
+        _wait_log(tmp_path / "logs" / "b-0.log", "slot=", 1)
+        assert (tmp_path / "logs" / "b-0.log").read_text().splitlines() == ["slot=1 rank="]
+    finally:
+        samplers.stop(grace_s=1)
