@@ -53,7 +53,7 @@ def test_registration_carries_device_and_kernels_into_status(service, caplog):
     assert dict(dev.kernels) == report["kernels"]
     assert set(dev.kernels) >= {"bf16", "fp8", "int8", "nvfp4_w4a4"}
     assert not by_name["old-sampler"].HasField("device")
-    assert " samplers=2 devices=?:1,cpu:1 " in line, line
+    assert " samplers=2 devices=?=1,cpu=1 " in line, line
     snap = {s["name"]: s for s in service.status()["samplers"]}
     assert snap["with-device"]["device"]["kernels"] == report["kernels"]
     lines = [r.getMessage() for r in caplog.records if "registered" in r.getMessage()]

@@ -66,9 +66,11 @@ class ScoringBuffer(TrajectoryBuffer):
         except Exception:  # a scorer bug scores 0; the sample still reaches its group
             log.exception("scoring task %s sample %s failed", record.task_id, record.sample_index)
             record.reward = 0.0
-            self.score_failures += 1
+            with self._scoring:  # several scoring threads count
+                self.score_failures += 1
         finally:
-            self.scored += 1
+            with self._scoring:
+                self.scored += 1
             self.release(record)
 
     def release(self, record: TrajectoryRecord) -> None:

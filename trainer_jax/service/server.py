@@ -448,12 +448,12 @@ def watch_status_lines(service: RolloutService, every_s: float) -> Iterator[str]
         t = st["totals"]
         shares = " ".join(f"{g}={v['share']:.2f}@{v['tokens_per_s']:.0f}tok/s"
                           for g, v in st["groups"].items())
-        # what the samplers compute on, as they registered: e.g. cuda:2,cpu:1 (?: unreported)
+        # what the samplers compute on, as they registered: e.g. cuda=2,cpu=1 (?: unreported)
         kinds: dict[str, int] = {}
         for s in st["samplers"]:
             kind = (s.get("device") or {}).get("type") or "?"
             kinds[kind] = kinds.get(kind, 0) + 1
-        devices = ",".join(f"{k}:{n}" for k, n in sorted(kinds.items())) or "-"
+        devices = ",".join(f"{k}={n}" for k, n in sorted(kinds.items())) or "-"
         yield (f"v{st['current_version']} samplers={len(st['samplers'])} devices={devices} "
                f"accepted={t.get('accepted', 0)} "
                f"dup={t.get('duplicates', 0)} rejected={t.get('rejected', 0)} "
