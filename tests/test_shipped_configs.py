@@ -297,6 +297,15 @@ def _run(name: str, shared: dict, tmp_path: Path, model: Path, overrides: list[s
 _NO_PARAMS = SimpleNamespace(params={})
 
 
+def _unwritable(name: str) -> str | None:
+    """Why a config cannot run here as shipped: tpu_slice.yaml keeps its run, token and
+    certificates under /mnt/disks (the slice's shared disk), which only root may create on a
+    machine that has none. CI runs as root; a developer's non-root run skips that one config."""
+    if name == "tpu_slice" and os.geteuid() != 0 and not os.access("/mnt/disks", os.W_OK):
+        return "tpu_slice.yaml writes under /mnt/disks as shipped: run as root (as CI does)"
+    return None
+
+
 @cache
 def _own_network(name: str) -> bool:
     return CASES[name].own_network and own_network_available()
@@ -309,7 +318,8 @@ def outcomes(shared, tmp_path_factory, request) -> dict[str, tuple[float, BaseEx
     tpu_slice listen on 50051 as shipped; the slice has its own network where namespaces can be
     made) take turns."""
     wanted = [item.callspec.params["name"] for item in request.session.items
-              if item.module is request.module and "name" in getattr(item, "callspec", _NO_PARAMS).params]
+              if item.module is request.module and "name" in getattr(item, "callspec", _NO_PARAMS).params
+              and _unwritable(item.callspec.params["name"]) is None]
     results: dict[str, tuple[float, BaseException | None]] = {}
     prepared, lanes = {}, {}
     for name in dict.fromkeys(wanted):
@@ -338,8 +348,10 @@ def outcomes(shared, tmp_path_factory, request) -> dict[str, tuple[float, BaseEx
 
 @pytest.mark.timeout(1800)
 @pytest.mark.parametrize("name", list(CASES))
-def test_shipped_config_starts_through_its_launcher(name, outcomes):
-    took, error = outcomes[name]
+def test_shipped_config_starts_through_its_launcher(name, request):
+    if (why := _unwritable(name)) is not None:
+        pytest.skip(why)
+    took, error = request.getfixturevalue("outcomes")[name]
     if error is not None:
         raise error
     print(f"{name}: {took:.0f}s through {CASES[name].launcher}")
