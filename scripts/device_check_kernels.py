@@ -20,7 +20,6 @@ and the fallback's are recorded too: ``auto`` refuses a kernel that was slower t
 from __future__ import annotations
 
 import importlib.metadata
-import time
 
 LSE_TOL = 2e-2
 ATTENTION_TOL = 2e-2
@@ -39,24 +38,15 @@ def versions() -> dict[str, str]:
 
 
 def _max_rel(a, b, weight=None) -> float:
-    import numpy as np
+    from trainer_jax.kernels.linear_logsumexp.device_check import _max_rel as max_rel
 
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    if weight is not None:
-        a, b = a * weight, b * weight
-    return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-30))
+    return max_rel(a, b, weight)
 
 
 def _time(fn, *args, reps: int = 5) -> float:
-    import jax
+    from trainer_jax.kernels.linear_logsumexp.device_check import _time as best_time
 
-    jax.block_until_ready(fn(*args))
-    best = float("inf")
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        best = min(best, time.perf_counter() - t0)
-    return best
+    return best_time(fn, *args, reps=reps)
 
 
 def packed_segments(rows: int, t: int, seed: int = 0):

@@ -31,8 +31,11 @@ def _grads(impl: str, h, w, g, t):
     return jax.jit(jax.grad(loss, argnums=(0, 1), has_aux=True))
 
 
-def _max_rel(a, b) -> float:
+def _max_rel(a, b, weight=None) -> float:
+    """max |a - b| / max |b| in float64; ``weight`` (broadcast) zeroes entries out of the check."""
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    if weight is not None:
+        a, b = a * weight, b * weight
     return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-30))
 
 
