@@ -51,3 +51,38 @@ def test_the_recipe_table_and_quantized_linears_need_no_protobuf():
     loaded = _loaded_after("import mixrl_wire.recipes, sampler_torch.recipes.linear")
     assert "sampler_torch" in loaded and not loaded & {"grpc", "google"}, loaded & {"grpc", "google"}
     assert "google" in _loaded_after("from mixrl_wire import TRAJECTORY_ARRAY_FIELDS")
+
+
+def test_the_start_up_checks_of_every_shipped_config_keep_torch_out():
+    """What mixrl-train runs before training, on every shipped config: load, the batch-shape
+    check, the task source with its environments (the sandbox and reward checks included) and the
+    kernel choice. Each is imported lazily from the trainer's modules, so the first probe above
+    does not see them."""
+    # Run configs that load here (the ablation files are sweeps; qwen3_gsm8k needs its data files,
+    # tests/test_shipped_configs.py runs it with them).
+    configs = sorted(str(p) for p in (Path(__file__).parents[1] / "configs").glob("*.yaml")
+                     if not p.name.startswith("ablation") and p.name != "qwen3_gsm8k.yaml")
+    assert len(configs) >= 6
+    code = "\n".join([
+        "from trainer_jax.config import load_config",
+        "from trainer_jax.batch_shape import check_config",
+        "from trainer_jax.kernels.checked import describe_choice",
+        "from trainer_jax.service.tasks import build_task_source",
+        "import trainer_jax.config.checks, trainer_jax.service.scoring, envs.rewards.worker",
+        "from convert.tokenizer import char_tokenizer",
+        f"for path in {configs!r}:",
+        "    cfg = load_config(path)",
+        "    check_config(cfg)",
+        "    if not cfg.model.hf_dir and all(m.env != 'dataset' for m in cfg.tasks.mix_entries()):",
+        "        build_task_source(cfg.tasks, tokenizer=char_tokenizer())",
+        "describe_choice('attention', 'auto'); describe_choice('linear_logsumexp', 'auto')",
+    ])
+    loaded = _loaded_after(code)
+    assert {"jax", "envs", "trainer_jax"} <= loaded
+    assert not loaded & {"torch", "sampler_torch", "transformers"}, loaded & {"torch", "sampler_torch"}
+
+
+def test_convert_imports_nothing_above_it():
+    loaded = _loaded_after("import convert, convert.cli, convert.publish, convert.delta, convert.store")
+    assert "convert" in loaded
+    assert not loaded & {"trainer_jax", "sampler_torch", "envs", "mixrl_wire", "torch", "jax"}, loaded
