@@ -1,4 +1,5 @@
-"""What ``--resume`` does to a run directory besides restoring the checkpoint.
+"""What ``--resume`` does to a run directory besides restoring the checkpoint, and what a fresh
+run does to an earlier one (``set_aside_previous_run``).
 
 A killed run leaves work done after its last checkpoint: weight versions published past the
 checkpoint's version and metric records past its step. The resumed run retrains those steps from
@@ -23,6 +24,7 @@ import json
 import os
 import re
 import shutil
+import time
 from pathlib import Path
 
 from convert.atomic import atomic_write_text
@@ -95,3 +97,26 @@ def storage_failure(errors: list[str]) -> str | None:
         if m and int(m.group(1)) in STORAGE_ERRNOS:
             return err
     return None
+
+
+# What a run leaves in its directory; a fresh run finding any of them sets the old run aside.
+_RUN_ARTIFACTS = ("checkpoints", "weights", "metrics.jsonl", "summary.json")
+
+
+def set_aside_previous_run(run_dir: Path) -> Path | None:
+    """Rename an earlier run in ``run_dir`` to ``<run_dir>.previous-<time>``; return where it went.
+
+    A fresh run must not mix with an earlier one: its first weights (v0) would be the oldest
+    version next to the earlier run's and be pruned at once, and checkpoints and metrics would
+    interleave. Nothing is deleted; ``--resume`` continues the earlier run instead.
+    """
+    if not any((run_dir / name).exists() for name in _RUN_ARTIFACTS):
+        return None
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    aside = run_dir.with_name(f"{run_dir.name}.previous-{stamp}")
+    n = 1
+    while aside.exists():
+        n += 1
+        aside = run_dir.with_name(f"{run_dir.name}.previous-{stamp}-{n}")
+    os.replace(run_dir, aside)
+    return aside

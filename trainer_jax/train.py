@@ -49,35 +49,19 @@ from trainer_jax.parallel.rules import ShardingRules
 from trainer_jax.policy import build_policy, check_layout
 from trainer_jax.progress import StepProgress
 from trainer_jax.publisher import Publisher, snapshot
-from trainer_jax.resume import StorageError, continue_versions, storage_failure, trim_metrics
+from trainer_jax.resume import (
+    StorageError,
+    continue_versions,
+    set_aside_previous_run,
+    storage_failure,
+    trim_metrics,
+)
 from trainer_jax.samplers import LocalSamplers
-from trainer_jax.service.auth import TokenError, generate_token, read_token_file, write_token_file
+from trainer_jax.service.auth import TokenError, read_token_file, run_token, write_token_file
 from trainer_jax.service.server import RolloutService
 from trainer_jax.service.tasks import build_task_source
 from trainer_jax.sft import warm_start
 from trainer_jax.sync import SyncTasks
-
-# What a run leaves in its directory; a fresh run finding any of them sets the old run aside.
-_RUN_ARTIFACTS = ("checkpoints", "weights", "metrics.jsonl", "summary.json")
-
-
-def set_aside_previous_run(run_dir: Path) -> Path | None:
-    """Rename an earlier run in ``run_dir`` to ``<run_dir>.previous-<time>``; return where it went.
-
-    A fresh run must not mix with an earlier one: its first weights (v0) would be the oldest
-    version next to the earlier run's and be pruned at once, and checkpoints and metrics would
-    interleave. Nothing is deleted; ``--resume`` continues the earlier run instead.
-    """
-    if not any((run_dir / name).exists() for name in _RUN_ARTIFACTS):
-        return None
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    aside = run_dir.with_name(f"{run_dir.name}.previous-{stamp}")
-    n = 1
-    while aside.exists():
-        n += 1
-        aside = run_dir.with_name(f"{run_dir.name}.previous-{stamp}-{n}")
-    os.replace(run_dir, aside)
-    return aside
 
 
 class Trainer:
@@ -112,22 +96,10 @@ class Trainer:
     # ------------------------------------------------------------------ setup
 
     def _token(self, resume: bool) -> tuple[Path, str]:
-        """The bearer token and its file. ``service.token_file``: the file's token when it exists,
-        else a new one (written there, 0600, by ``__init__``), so spawned samplers, samplers that
-        join by address and a resumed run share it. Without it: ``<run>/token``, fresh per run and
-        kept by ``--resume`` (samplers that joined by address re-register with it)."""
-        if self.cfg.service.token_file:
-            path = Path(self.cfg.service.token_file).absolute()
-            try:
-                return path, read_token_file(path) or generate_token()
-            except TokenError as e:
-                raise ConfigError(f"service.token_file: {e}") from None
-        path = self.run_dir / "token"
         try:
-            kept = read_token_file(path) if resume else None
-        except TokenError:
-            kept = None
-        return path, kept or generate_token()
+            return run_token(self.cfg.service.token_file, self.run_dir, resume)
+        except TokenError as e:
+            raise ConfigError(f"service.token_file: {e}") from None
 
     def _setup(self) -> None:
         cfg, run = self.cfg, self.run_dir

@@ -167,3 +167,20 @@ def server_credentials(tls: TLSConfig) -> grpc.ServerCredentials | None:
         ca = Path(tls.client_ca_file).read_bytes()
         return grpc.ssl_server_credentials([(key, cert)], root_certificates=ca, require_client_auth=True)
     return grpc.ssl_server_credentials([(key, cert)])
+
+
+def run_token(token_file: str | None, run_dir: Path, resume: bool) -> tuple[Path, str]:
+    """The bearer token of a ``mixrl-train`` run and its file. ``service.token_file``: the file's
+    token when it exists, else a new one (the trainer writes it there, 0600), so spawned samplers,
+    samplers that join by address and a resumed run share it; ``TokenError`` for an empty or
+    unreadable file. Without it: ``<run>/token``, fresh per run and kept by ``--resume`` (samplers
+    that joined by address re-register with it)."""
+    if token_file:
+        path = Path(token_file).absolute()
+        return path, read_token_file(path) or generate_token()
+    path = run_dir / "token"
+    try:
+        kept = read_token_file(path) if resume else None
+    except TokenError:
+        kept = None
+    return path, kept or generate_token()
