@@ -44,3 +44,22 @@ def build_hf_model(name: str, seed: int = 0):
             if pname.endswith("norm.weight"):
                 p.uniform_(0.5, 1.5)
     return model.eval()
+
+
+def char_engine(tmp_path_factory, seed: int = 3):
+    """A bf16 sampler ``Engine`` over a one-layer random Qwen3 with the character tokenizer's
+    vocabulary: what episode and sampler-loop tests drive environments through."""
+    from convert.qwen3_config import Qwen3Config
+    from convert.tokenizer import char_tokenizer
+    from sampler_torch.engine import Engine
+    from trainer_jax.models import init_model, save_hf
+
+    tok = char_tokenizer()
+    cfg = Qwen3Config(vocab_size=tok.get_vocab_size(), hidden_size=32, intermediate_size=64,
+                      num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                      tie_word_embeddings=True)
+    tok_dir = tmp_path_factory.mktemp("tok")
+    tok.save(str(tok_dir / "tokenizer.json"))
+    path = save_hf(init_model(cfg, seed=seed), cfg, tmp_path_factory.mktemp("w") / "bf16",
+                   dtype="bfloat16", tokenizer_dir=tok_dir)
+    return Engine(path, "bf16")

@@ -2,28 +2,20 @@
 
 import numpy as np
 import pytest
+from tiny_models import char_engine
 
-from convert.qwen3_config import Qwen3Config
 from convert.tokenizer import char_tokenizer
 from envs import make_env
 from envs.rollout import run_episodes
 from envs.sandbox import sandbox_available
-from sampler_torch.engine import Engine, SamplingParams
-from trainer_jax.models import init_model, save_hf
+from sampler_torch.engine import SamplingParams
 
 TOK = char_tokenizer()
 
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
-    cfg = Qwen3Config(vocab_size=TOK.get_vocab_size(), hidden_size=32, intermediate_size=64,
-                      num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
-                      tie_word_embeddings=True)
-    tok_dir = tmp_path_factory.mktemp("tok")
-    TOK.save(str(tok_dir / "tokenizer.json"))
-    path = save_hf(init_model(cfg, seed=3), cfg, tmp_path_factory.mktemp("w") / "bf16", dtype="bfloat16",
-                   tokenizer_dir=tok_dir)
-    return Engine(path, "bf16")
+    return char_engine(tmp_path_factory)
 
 
 def _check(rec, prompt, budget, head_k):
