@@ -27,7 +27,7 @@ from envs.base import Environment, Episode, StepResult, Task, register_env
 from envs.chat import Chat
 from envs.jail_files import JailFileError, read_jail_text
 from envs.sandbox import Sandbox, SandboxLimits
-from envs.tool_calls import ChatToolEpisode
+from envs.tool_calls import TOOLS, ChatToolEpisode
 from envs.untrusted import escape_added_tokens, run_untrusted
 
 TOOL_OPEN, TOOL_CLOSE, OUT_OPEN, OUT_CLOSE, SUBMIT_OPEN, SUBMIT_CLOSE = TOOL_TAGS
@@ -37,7 +37,7 @@ MAX_TOOLLESS_TURNS = 3
 class ToolEpisode(Episode):
     def __init__(self, env: ShellTasks, task: Task):
         self.env, self.task = env, task
-        self.prompt = [env.bos] + env.encode(task.payload["question"] + "\n")
+        self.prompt = env.prompt(task)
         tid = env.tokenizer.token_to_id
         self.stop_token_ids = (tid(TOOL_CLOSE), tid(SUBMIT_CLOSE), env.eos)
         self.sandbox = env.new_sandbox(task)
@@ -150,6 +150,27 @@ class ShellTasks(Environment):
         if self.chat is not None:
             payload["chat_template_kwargs"] = dict(self.chat_template_kwargs)
         return Task(task_id, self.name, payload)
+
+    def prompt(self, task: Task) -> list[int]:
+        """The ids an episode of ``task`` starts from: ``<bos>question\n`` for the character
+        tokenizer, else the question as a user turn through the model's chat template with the
+        ``shell`` / ``submit`` tools declared and the task's template arguments."""
+        question = task.payload["question"]
+        if self.chat is None:
+            return [self.bos] + self.encode(question + "\n")
+        kwargs = dict(task.payload.get("chat_template_kwargs") or {})
+        return self.chat.encode(self.chat.render([{"role": "user", "content": question}],
+                                                 add_generation_prompt=True, tools=TOOLS, **kwargs))
+
+    def longest_prompt(self) -> int:
+        """The most prompt tokens a task can have (``trainer_jax.batch_shape`` budgets rows by it),
+        over the questions of 256 drawn tasks: a question's length depends only on its family and
+        ``difficulty``, and no sandbox is opened to measure it."""
+        tasks = {}
+        for i in range(256):
+            task = self.sample_task(np.random.default_rng(i), "longest")
+            tasks.setdefault(task.payload["question"], task)
+        return max(len(self.prompt(task)) for task in tasks.values())
 
     def start(self, task: Task) -> Episode:
         if self.chat is not None:

@@ -70,9 +70,7 @@ class ChatToolEpisode(Episode):
     def __init__(self, env: ShellTasks, task: Task, chat: Chat):
         self.env, self.task, self.chat = env, task, chat
         self.kwargs = dict(task.payload.get("chat_template_kwargs") or {})
-        messages = [{"role": "user", "content": task.payload["question"]}]
-        self.prompt = chat.encode(chat.render(messages, add_generation_prompt=True, tools=TOOLS,
-                                              **self.kwargs))
+        self.prompt = env.prompt(task)
         self.stop_token_ids = chat.stop_ids
         self.sandbox = env.new_sandbox(task)
         for name, content in task.payload["files"].items():

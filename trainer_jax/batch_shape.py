@@ -191,28 +191,10 @@ def longest_prompts(cfg: RunConfig, tokenizer: Tokenizer, *, datasets: bool = Tr
         try:
             env.chat_template_kwargs = dict(cfg.tasks.chat_template_kwargs)
             measure = getattr(env, "longest_prompt", None)
-            out.append(measure() if measure is not None else _shell_prompt(env))
+            out.append(measure() if measure is not None else None)
         finally:
             env.close()
     return out
-
-
-def _shell_prompt(env) -> int | None:
-    """The ``shell`` environment's longest prompt, as its episodes build it (their constructors
-    open a sandbox, so the prompt is rebuilt here from the tasks' questions); None for others."""
-    if env.name != "shell":
-        return None
-    import numpy as np
-
-    from envs.tool_calls import TOOLS
-
-    questions = {env.sample_task(np.random.default_rng(i), "t").payload["question"] for i in range(256)}
-    if env.chat is not None:
-        return max(len(env.chat.encode(env.chat.render([{"role": "user", "content": q}], tools=TOOLS,
-                                                       add_generation_prompt=True,
-                                                       **env.chat_template_kwargs)))
-                   for q in questions)
-    return max(1 + len(env.encode(q + "\n")) for q in questions)
 
 
 def check_config(cfg: RunConfig) -> None:
