@@ -41,5 +41,12 @@ test-slow: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
+# Mutation testing of the core (docs/testing.md; not in CI): in a clone under MUTATE_DIR, niced,
+# resumable. MODULE=name (default: every core module), SAMPLE=N SEED=S: a seeded sample per module.
+.PHONY: mutate
+mutate: $(STAMP)
+	$(PY) scripts/mutate.py $(if $(MODULE),--module $(MODULE)) $(if $(SAMPLE),--sample $(SAMPLE)) \
+		$(if $(SEED),--seed $(SEED)) $(if $(MUTATE_DIR),--workdir $(MUTATE_DIR))
+
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,263 @@
+"""Mutation testing of the core modules with cosmic-ray (issue 37; docs/testing.md).
+
+``make mutate [MODULE=name] [SAMPLE=N] [SEED=S]`` runs this. Per module it mutates the module's
+files in a git clone of this repository's HEAD under ``--workdir`` (never in the working tree:
+cosmic-ray rewrites sources in place) and runs only the test files that cover the module, with
+the suite's own pytest settings (pyproject.toml) plus ``-x -q -p no:cacheprovider`` and the
+markers ``make test`` uses. The clone's code is what the tests import (``PYTHONPATH`` = the clone,
+checked before any mutant runs), and a baseline run of the unmutated tests must pass first.
+
+Resumable: the session (cosmic-ray's sqlite work db) survives an interrupted run; the same
+command continues with the mutants not yet run, while the commit, sample and seed match. A
+seeded sample (``--sample N --seed S``) runs N mutants chosen from all of the module's, sorted by
+file, operator and occurrence (stable across runs); the rest are marked skipped.
+
+Writes ``<results>/<module>.json``: commit, date, totals, killed / survived / timeout / incompetent,
+sample size, and every survivor with its diff (what a new test has to catch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import random
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+PY = sys.executable
+
+# module name -> (paths to mutate, test files that cover them). Later (issue 37): score sandbox,
+# rewards and router after the hostile-output and fleet-economics rewrites.
+MODULES: dict[str, tuple[list[str], list[str]]] = {
+    "objective": (["trainer_jax/objective"],
+                  ["tests/objective/test_mutation_objective.py", "tests/objective/test_components.py"]),
+    "linear_logsumexp": (["trainer_jax/kernels/linear_logsumexp"],
+                         ["tests/kernels/test_linear_logsumexp.py"]),
+    # test_learner's packed-forward test (24 s of compiling) is left out: the packing test
+    # asserts the ids, segments and positions it feeds
+    "batching": (["trainer_jax/batching.py"],
+                 ["tests/trainer/test_mutation_batching.py",
+                  "tests/trainer/test_learner.py::test_overflow_is_left_for_later_and_staleness_masks",
+                  "tests/trainer/test_learner.py::test_sample_validation"]),
+    "checkpoint": (["trainer_jax/checkpoint.py", "trainer_jax/resume.py"],
+                   ["tests/trainer/test_checkpoint.py", "tests/trainer/test_mutation_resume.py",
+                    "tests/trainer/test_run_dir.py"]),
+    "validation": (["trainer_jax/service/validation.py"],
+                   ["tests/service/test_validation.py", "tests/service/test_mutation_validation.py"]),
+    "scheduler": (["trainer_jax/service/scheduler.py"], ["tests/service/test_service.py"]),
+    "delta": (["convert/delta.py", "convert/delta_codec.py"],
+              ["tests/convert/test_delta.py", "tests/convert/test_delta_codec.py"]),
+    "manifest": (["convert/manifest.py"],
+                 ["tests/convert/test_mutation_manifest.py", "tests/convert/test_export_publish.py"]),
+    "formats": (["convert/formats"], ["tests/convert/test_formats.py", "tests/convert/test_numerics.py"]),
+    "weights_fetch": (["sampler_torch/weights_fetch.py"],
+                      ["tests/service/test_mutation_weights_fetch.py",
+                       "tests/service/test_weight_deltas.py"]),
+    "sampling": (["sampler_torch/engine/sampling.py"],
+                 ["tests/sampler/test_mutation_sampling.py", "tests/sampler/test_engine.py"]),
+    # later, after their rewrites (issue 37)
+    "sandbox": (["envs/sandbox.py"], ["tests/envs/test_mutation_sandbox.py", "tests/envs/test_sandbox.py"]),
+    "rewards": (["envs/rewards"], ["tests/envs/test_rewards.py", "tests/envs/test_code_reward.py"]),
+    "router": (["trainer_jax/service/router.py"], ["tests/service/test_service.py"]),
+}
+LATER = {"sandbox", "rewards", "router"}
+PYTEST = "-m pytest -x -q -p no:cacheprovider -m 'not slow and not gpu'"
+
+
+def _run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, check=True, text=True, capture_output=True, **kw)
+
+
+def prepare_clone(clone: Path) -> str:
+    """A clone of this repository's HEAD at ``clone``, reset to it (a killed run may have left a
+    mutant on disk); returns the commit."""
+    head = _run(["git", "-C", str(REPO), "rev-parse", "HEAD"]).stdout.strip()
+    if not (clone / ".git").is_dir():
+        clone.parent.mkdir(parents=True, exist_ok=True)
+        _run(["git", "clone", "-q", str(REPO), str(clone)])
+    _run(["git", "-C", str(clone), "fetch", "-q", str(REPO), head])
+    _run(["git", "-C", str(clone), "reset", "-q", "--hard", head])
+    _run(["git", "-C", str(clone), "clean", "-q", "-fdx", "-e", ".mutate"])
+    return head
+
+
+def test_env(clone: Path) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(clone), "PYTHONDONTWRITEBYTECODE": "1"}
+
+
+def check_imports(clone: Path, paths: list[str]) -> None:
+    """The tests must import the clone's modules, not the editable install's (the working tree)."""
+    top = sorted({p.split("/")[0] for p in paths})
+    code = "; ".join(f"import {t}; print({t}.__file__)" for t in top)
+    files = _run([PY, "-c", code], cwd=clone, env=test_env(clone)).stdout.split()
+    wrong = [f for f in files if not Path(f).resolve().is_relative_to(clone.resolve())]
+    if wrong:
+        sys.exit(f"mutate: the tests would import {wrong}, not the clone's code in {clone}")
+
+
+def write_config(clone: Path, name: str, timeout: float) -> Path:
+    paths, tests = MODULES[name]
+    missing = [t for t in tests if not (clone / t.split("::")[0]).exists()]
+    tests = [t for t in tests if t not in missing]
+    if missing:
+        print(f"mutate {name}: not in this commit, left out: {', '.join(missing)}")
+    command = f"{shlex.quote(PY)} {PYTEST} --timeout={int(timeout)} {' '.join(tests)}"
+    cfg = (f'[cosmic-ray]\nmodule-path = {json.dumps(paths)}\ntimeout = {timeout}\nexcluded-modules = []\n'
+           f'test-command = {json.dumps(command)}\n\n[cosmic-ray.distributor]\nname = "local"\n')
+    path = clone / ".mutate" / f"{name}.toml"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(cfg)
+    return path
+
+
+def baseline(clone: Path, config: Path) -> float:
+    """Run the unmutated tests once: they must pass, and their time sets the mutants' timeout."""
+    from cosmic_ray.config import load_config
+
+    command = load_config(str(config)).test_command
+    t0 = time.monotonic()
+    proc = subprocess.run(["nice", "-n", "19", *shlex.split(command)], cwd=clone, env=test_env(clone),
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.exit(f"mutate: the unmutated tests fail in {clone}:\n{proc.stdout[-3000:]}")
+    return time.monotonic() - t0
+
+
+def tree_ids(clone: Path, paths: list[str]) -> dict[str, str]:
+    """Git object ids of ``paths`` at the clone's HEAD: what identifies a session's mutants."""
+    files = sorted({p.split("::")[0] for p in paths})
+    return {p: _run(["git", "-C", str(clone), "rev-parse", f"HEAD:{p}"]).stdout.strip()
+            for p in files if (clone / p).exists()}
+
+
+def init_session(config: Path, db: Path, meta: dict, sample: int | None, seed: int) -> None:
+    """A new work db unless one for the same module sources, sample and seed exists: then resume
+    it, and when the test files changed since, run its survivors (and incompetents) again."""
+    from cosmic_ray.work_db import WorkDB, WorkResultStorage, use_db
+    from cosmic_ray.work_item import TestOutcome, WorkerOutcome, WorkResult
+
+    meta_path = db.with_suffix(".meta.json")
+    same = ("sample", "seed", "paths", "sources")
+    old = json.loads(meta_path.read_text()) if db.exists() and meta_path.exists() else None
+    if old is not None and all(old.get(k) == meta[k] for k in same):
+        if old.get("tests") != meta["tests"]:
+            with use_db(str(db), WorkDB.Mode.open) as work_db:
+                again = [j for j, r in work_db.results if r.worker_outcome != WorkerOutcome.SKIPPED
+                         and r.test_outcome != TestOutcome.KILLED]
+                with work_db._session_maker.begin() as session:  # cosmic-ray 8.7 has no public delete
+                    session.query(WorkResultStorage).filter(WorkResultStorage.job_id.in_(again)).delete()
+            print(f"mutate: the tests changed since the session began: {len(again)} survivors run again")
+        meta_path.write_text(json.dumps(meta))
+        return
+    db.unlink(missing_ok=True)
+    _run([*_cosmic_ray(), "init", str(config), str(db)], cwd=config.parent.parent)
+    if sample is not None:
+        with use_db(str(db), WorkDB.Mode.open) as work_db:
+            items = sorted(work_db.work_items, key=lambda w: (
+                str(w.mutations[0].module_path), w.mutations[0].operator_name, w.mutations[0].occurrence))
+            if sample < len(items):
+                keep = {w.job_id for w in random.Random(seed).sample(items, sample)}
+                work_db.set_multiple_results([w.job_id for w in items if w.job_id not in keep],
+                                             WorkResult(worker_outcome=WorkerOutcome.SKIPPED))
+    meta_path.write_text(json.dumps(meta))
+
+
+def _cosmic_ray() -> list[str]:
+    exe = Path(PY).parent / "cosmic-ray"
+    return [str(exe)] if exe.exists() else [PY, "-m", "cosmic_ray.cli"]
+
+
+def report(db: Path, name: str, meta: dict) -> dict:
+    from cosmic_ray.work_db import WorkDB, use_db
+    from cosmic_ray.work_item import TestOutcome, WorkerOutcome
+
+    counts = {"killed": 0, "survived": 0, "timeout": 0, "incompetent": 0, "pending": 0}
+    survivors = []
+    with use_db(str(db), WorkDB.Mode.open) as work_db:
+        total = work_db.num_work_items
+        results = dict(work_db.results)
+        for item in work_db.work_items:
+            m = item.mutations[0]
+            r = results.get(item.job_id)
+            if r is None:
+                counts["pending"] += 1
+            elif r.worker_outcome == WorkerOutcome.SKIPPED:
+                continue
+            elif r.worker_outcome != WorkerOutcome.NORMAL or r.test_outcome == TestOutcome.INCOMPETENT:
+                counts["incompetent"] += 1
+            elif r.test_outcome == TestOutcome.SURVIVED:
+                counts["survived"] += 1
+                survivors.append({"file": str(m.module_path), "operator": m.operator_name,
+                                  "occurrence": m.occurrence, "line": m.start_pos[0],
+                                  "diff": r.diff})
+            elif (r.output or "").strip() == "timeout":
+                counts["timeout"] += 1
+            else:
+                counts["killed"] += 1
+    run = counts["killed"] + counts["survived"] + counts["timeout"]
+    out = {"module": name, **meta, "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+           "mutants_total": total, "sample_size": meta["sample"] or total, **counts,
+           "score": round((counts["killed"] + counts["timeout"]) / run, 3) if run else None,
+           "survivors": sorted(survivors, key=lambda s: (s["file"], s["line"]))}
+    return out
+
+
+def mutate(name: str, *, workdir: Path, results: Path, sample: int | None, seed: int,
+           timeout: float | None) -> dict:
+    clone = workdir / "clone"
+    commit = prepare_clone(clone)
+    paths, _ = MODULES[name]
+    check_imports(clone, paths)
+    config = write_config(clone, name, timeout or 600)
+    took = baseline(clone, config)
+    limit = timeout or max(30.0, 3 * took + 15)
+    config = write_config(clone, name, limit)
+    print(f"mutate {name}: commit {commit[:10]}, baseline {took:.1f} s, timeout {limit:.0f} s per mutant")
+    db = workdir / "sessions" / f"{name}.sqlite"
+    db.parent.mkdir(parents=True, exist_ok=True)
+    tests = MODULES[name][1]
+    meta = {"commit": commit, "sample": sample, "seed": seed, "paths": paths,
+            "sources": tree_ids(clone, paths), "tests": tree_ids(clone, tests)}
+    init_session(config, db, meta, sample, seed)
+    subprocess.run(["nice", "-n", "19", *_cosmic_ray(), "exec", str(config), str(db)], cwd=clone,
+                   env=test_env(clone), check=True)
+    _run(["git", "-C", str(clone), "reset", "-q", "--hard", commit])  # no mutant left behind
+    out = report(db, name, meta)
+    out["baseline_s"] = round(took, 1)
+    results.mkdir(parents=True, exist_ok=True)
+    (results / f"{name}.json").write_text(json.dumps(out, indent=1) + "\n")
+    print(f"mutate {name}: {out['killed']} killed, {out['timeout']} timeout, {out['survived']} survived, "
+          f"{out['incompetent']} incompetent of {out['sample_size']} (of {out['mutants_total']}); "
+          f"-> {results / (name + '.json')}")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--module", action="append", choices=sorted(MODULES),
+                    help="module to mutate (repeatable; default: every core module but "
+                         f"{', '.join(sorted(LATER))})")
+    ap.add_argument("--sample", type=int, help="run a seeded sample of this many mutants per module")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--timeout", type=float, help="seconds per mutant (default: 3x the baseline + 15)")
+    ap.add_argument("--workdir", type=Path, default=Path(os.environ.get("MUTATE_DIR", "/tmp/mixrl-mutate")))
+    ap.add_argument("--results", type=Path, default=REPO / "docs" / "mutation")
+    args = ap.parse_args(argv)
+    if args.sample is not None and args.sample <= 0:
+        ap.error("--sample must be > 0")
+    if args.workdir.resolve().is_relative_to(REPO):
+        ap.error(f"--workdir {args.workdir} is inside the repository: mutants would land in the work tree")
+    for name in args.module or [m for m in MODULES if m not in LATER]:
+        mutate(name, workdir=args.workdir, results=args.results, sample=args.sample, seed=args.seed,
+               timeout=args.timeout)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
