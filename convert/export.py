@@ -199,13 +199,15 @@ def export_hf(tensors: Tensors, hf_config: Mapping, out_dir: str | os.PathLike, 
               kv_scales: Mapping[int, tuple[float, float]] | None = None,
               input_amax: Mapping[str, float] | None = None,
               progress: ProgressFn | None = None, metadata: Mapping | None = None,
-              engines: str = "serving", strict: bool = False, layout: str = "native") -> Path:
+              engines: str = "serving", strict: bool = False, layout: str = "native",
+              extra_json: Mapping[str, Mapping] | None = None) -> Path:
     """Write ``tensors`` as an HF directory in format ``fmt`` at ``out_dir``, atomically.
 
     ``engines="serving"``: projections whose shape the format's serving kernels refuse stay bf16
     and are listed in the config's ignore lists (``strict``: refuse with ``ShapeRuleError``
     instead); ``"mixrl"``: every projection in ``fmt`` (partial edge blocks, for this project's
-    engine only). ``layout="compressed-tensors"``: that layout's tensors and config
+    engine only). ``extra_json``: further JSON files to write beside the weights (``probe.json``),
+    listed in the manifest like every file. ``layout="compressed-tensors"``: that layout's tensors and config
     (``convert.compressed_tensors``). Returns ``out_dir``. On any error (bad tensor, NaN/Inf,
     I/O) nothing is left behind and an existing ``out_dir`` (with ``overwrite``) is untouched.
     """
@@ -217,7 +219,8 @@ def export_hf(tensors: Tensors, hf_config: Mapping, out_dir: str | os.PathLike, 
     cfg = Qwen3Config.from_hf_dict(src)
     kept = shape_exclusions(cfg, codec, engines=engines, strict=strict)
     config = output_config(src, codec, kv_cache_fp8=bool(kv_scales), kept=kept)
-    extra = codec.extra_files(ignore_list(cfg, kept), kv_cache_fp8=bool(kv_scales))
+    extra = {**codec.extra_files(ignore_list(cfg, kept), kv_cache_fp8=bool(kv_scales)),
+             **dict(extra_json or {})}
     out_dir = Path(out_dir)
     started = time.time()
     # Shards are hashed while they are written (write_file feeds a hasher on a second thread):

@@ -336,7 +336,8 @@ def publish(params_or_checkpoint, config: Mapping | Qwen3Config | None, out_root
             cache_dir: str | os.PathLike | None = None,
             report: dict | None = None, engines: str = "serving",
             calibration: Calibration | None = None,
-            kv_cache_formats: Iterable[str] = ()) -> dict[str, Path | str]:
+            kv_cache_formats: Iterable[str] = (),
+            extra_json: Mapping[str, Mapping] | None = None) -> dict[str, Path | str]:
     """Publish weights as ``out_root/v{version:08d}/{format}/``; return ``{format: path}``.
 
     ``params_or_checkpoint``: a callable returning an iterator of ``(hf_name, float array)``
@@ -352,6 +353,8 @@ def publish(params_or_checkpoint, config: Mapping | Qwen3Config | None, out_root
     calibrated inputs (nvfp4) gets its ``input_scale`` from it, and the formats in
     ``kv_cache_formats`` (those a group runs with an FP8 e4m3 KV cache) its ``k_scale`` /
     ``v_scale``; each export that took something records it in its manifest's ``calibration``.
+    ``extra_json``: JSON files written into every format's directory (the version probe's
+    ``probe.json``), hashed into its manifest and carried by deltas like the weights.
     Raises ``FileExistsError`` if the version exists; on any error nothing of the new version is
     visible.
     """
@@ -369,7 +372,7 @@ def publish(params_or_checkpoint, config: Mapping | Qwen3Config | None, out_root
         raise FileExistsError(f"{store.root}/{name} already exists")
     common = dict(copy_files_from=tokenizer_dir or source.files_dir,
                   max_shard_bytes=max_shard_bytes, kv_scales=kv_scales, input_amax=input_amax,
-                  metadata={"version": version},
+                  metadata={"version": version}, extra_json=extra_json,
                   engines=engines)  # see export_hf: serving shapes, or "mixrl" only
     export_kwargs = {fmt: _calibrated(common, fmt, calibration, set(kv_cache_formats))
                      for fmt in formats}

@@ -214,6 +214,16 @@ class RolloutClient:
                                 weight_failures=weight_failures, active_samples=active_samples),
             timeout=self.rpc_timeout_s, metadata=self._metadata))
 
+    def report_probe(self, report: pb.ProbeReport) -> pb.ProbeAck:
+        """Send the version probe's scores after a load (``sampler_torch.probe``); the answer
+        says whether to reload or that the session is revoked."""
+        def call() -> pb.ProbeAck:
+            report.session_id = self.session_id or ""  # the current one, after a re-register
+            return self._stub.ReportProbe(report, timeout=self.rpc_timeout_s,
+                                          metadata=self._metadata)
+
+        return self._call("report_probe", call)
+
     def start_heartbeat(self, report: Callable[[], tuple[int, int, int]] | None = None) -> threading.Thread:
         """Send heartbeats from a daemon thread at the interval the trainer asked for, until closed.
 

@@ -9,7 +9,9 @@ Three threads share one ``RolloutClient``:
 - a watcher follows the trainer's published versions, obtains each in this sampler's weight
   format (shared path or chunked download), verifies every file against the sha256 manifest and
   only then hands it to ``engine.load_weights``, which swaps between decode steps. Any failure
-  keeps the current weights and is counted (``weight_failures``, reported in heartbeats).
+  keeps the current weights and is counted (``weight_failures``, reported in heartbeats). After
+  each load it answers the version probe (``sampler_torch.probe``): the trainer may ask for a
+  reload, or revoke the session (the loop then stops).
 
 The engine is duck-typed (``generate(prompts, params_list)``, ``load_weights(dir, version)``,
 ``version``), so another backend with the same surface drops in.
@@ -35,8 +37,10 @@ from envs.base import finish_reason
 from envs.rollout import run_episodes
 from mixrl_wire import pb
 from mixrl_wire.encoder import encode_trajectory
+from mixrl_wire.probe import PROBE_FILE
 from mixrl_wire.sampling import SamplingParams
 from sampler_torch.client import RolloutClient, RolloutError
+from sampler_torch.probe import digest, verify_load, weight_files
 
 log = logging.getLogger("mixrl.sampler")
 
@@ -61,6 +65,7 @@ class LoopStats:
     weight_versions: list[int] = dataclasses.field(default_factory=list)
     weight_failures: int = 0
     last_weight_error: str = ""
+    probe_acks: list = dataclasses.field(default_factory=list)  # ProbeAck per verified load
 
 
 class SamplerLoop:
@@ -75,12 +80,17 @@ class SamplerLoop:
         self._make_params = make_params or _engine_params
         self._tokenizer = tokenizer
         self._envs: dict[str, Any] = {}
+        self._files: dict[str, str] | None = None  # weight files of the version served
         self._threads: list[threading.Thread] = []
 
     # ---------------------------------------------------------------- threads
 
     def _watch_weights(self) -> None:
         cache = Path(self.cfg.weights_cache).expanduser()
+        start_dir = getattr(self.engine, "model_dir", None)
+        self._files = weight_files(start_dir) if start_dir else None
+        if start_dir and (Path(start_dir) / PROBE_FILE).is_file():  # the version it started on
+            self._verify(self.engine.version, start_dir, before=None, changed=False)
         try:
             for wv in self.client.watch_weights(after_version=-1):
                 if self.stop_event.is_set():
@@ -94,6 +104,7 @@ class SamplerLoop:
 
     def _load(self, wv: pb.WeightVersion, cache: Path) -> None:
         t0 = time.perf_counter()
+        before = digest(self.engine)
         try:
             fmt, path = self.client.materialize_weights(wv, cache, self.cfg.transfer)
             self.engine.load_weights(path, wv.version)
@@ -113,6 +124,20 @@ class SamplerLoop:
             self.client.expired_leases.update(resp.expired_lease_ids)
         except (RolloutError, ValueError) as e:  # ValueError: the channel closed under us
             log.warning("heartbeat after loading version %d: %s", wv.version, e)
+        files = weight_files(path)
+        changed = files is not None and self._files is not None and files != self._files
+        self._files = files
+        self._verify(wv.version, path, before=before, changed=changed)
+
+    def _verify(self, version: int, path, *, before: str | None, changed: bool) -> None:
+        """Answer the version probe of a load; a revoked session stops the loop."""
+        ack = verify_load(self.client, self.engine, version, path, before=before,
+                          files_changed=changed,
+                          reload=lambda: self.engine.load_weights(path, version))
+        self.stats.probe_acks.append(ack)
+        if ack is not None and ack.action == pb.ProbeAck.REVOKED:
+            log.error("the trainer revoked this sampler: %s", ack.reason)
+            self.stop()
 
     def start_background(self) -> None:
         self._threads.append(self.client.start_heartbeat(

@@ -20,6 +20,8 @@ METRICS_FILE = "metrics.jsonl"
 PLOTS = {
     "reward": ["reward_mean", "pass_rate", "eval/pass@1"],
     "kl": ["k3", "group/*/k3"],
+    # The version probe (trainer_jax.service.probe_report) beside the k3 of trained samples.
+    "probe_kl": ["group/*/probe_kl", "group/*/k3"],
     "grad_norm": ["grad_norm"],
     "entropy": ["entropy"],
     "out_of_range": ["out_of_range", "group/*/out_of_range"],

@@ -3,8 +3,8 @@
 Process 0 (``trainer_jax.train.Trainer``) owns the loop; it announces each collective as an
 order (``trainer_jax.parallel.lockstep``). A follower has set up the same learner and warm
 start, then only answers orders: a train step on the batch process 0 broadcasts, its part of the
-gathers of a publication and of a calibration forward, its shards of a checkpoint. It writes no
-metrics and talks to no sampler.
+gathers of a publication, of a calibration forward and of the version probe's forwards, its shards
+of a checkpoint. It writes no metrics and talks to no sampler.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from trainer_jax.calibration import calibrate
-from trainer_jax.parallel.lockstep import CALIBRATE, CHECKPOINT, PUBLISH, STEP, STOP
+from trainer_jax.parallel.lockstep import CALIBRATE, CHECKPOINT, PROBE, PUBLISH, STEP, STOP
+from trainer_jax.probe import inputs_template, run_shared
 from trainer_jax.publisher import snapshot
 
 if TYPE_CHECKING:
@@ -28,6 +29,8 @@ def follow(trainer: Trainer) -> dict:
     empty = trainer._pack([], np.zeros(0, np.float32))[:2]  # the batch shapes, for the broadcast
     empty_ids = np.zeros((1, trainer.cfg.train.weights.calibration_tokens), np.int32)
     compiled: dict = {}  # the calibration forward, compiled once
+    probe_compiled: dict = {}  # the probe's forwards
+    pcfg = trainer.cfg.service.probe
     try:
         while True:
             order = lockstep.next_order()
@@ -43,6 +46,10 @@ def follow(trainer: Trainer) -> dict:
                     ids, segment_ids = lockstep.share((empty_ids, empty_ids))
                     calibrate(trainer.model, ids, segment_ids, version=order.version, sequences=1,
                               cache=compiled)
+            elif order.command == PROBE:  # process 0 writes probe.json
+                with lockstep.collective():
+                    inputs = lockstep.share(inputs_template(pcfg.prompts, pcfg.tokens))
+                    run_shared(trainer.model, inputs, pcfg.tokens, pcfg.seed, probe_compiled)
             elif order.command == CHECKPOINT:
                 trainer._save_checkpoint()
             elif order.command == STOP:

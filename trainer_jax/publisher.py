@@ -11,6 +11,11 @@ weights the forward sees are the snapshot's), when a format needs them: nvfp4 (`
 or one that a group loads with an FP8 e4m3 KV cache (``kv_cache_formats``, ``k_scale`` /
 ``v_scale``). A calibration that fails is reported in ``errors`` and that version is published
 without it.
+
+With a ``prober`` (``trainer_jax.probe``; ``service.probe``) each request also samples and scores
+the version probe in the caller's thread and writes it as ``probe.json`` into every format
+(``mixrl_wire.probe``); ``probes`` keeps the recent ones for the rollout service to judge reports
+against. A probe that fails is reported in ``errors`` and that version is published without one.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from convert.calibration import Calibration
 from convert.formats import get_codec
 from convert.publish import default_cache_dir, publish
 from convert.store import open_store
+from mixrl_wire.probe import PROBE_FILE, Probe
 from trainer_jax.models import Qwen3
 from trainer_jax.parallel.publish import iter_gathered_hf_tensors
 
@@ -53,13 +59,15 @@ class Publisher:
                  tokenizer_dir: Path, keep_last: int, on_published: Callable[[int, dict[str, Path]], None], *,
                  delta: bool = False, full_every: int = 10, engines: Callable[[], str] = lambda: "serving",
                  calibrator: Callable[[int], Calibration | None] | None = None,
-                 kv_cache_formats: Callable[[], list[str]] = list):
+                 kv_cache_formats: Callable[[], list[str]] = list,
+                 prober: Callable[[int], Probe] | None = None):
         self.store = open_store(out_root)
         self.out_root, self.config, self.formats = out_root, config, formats
         self.tokenizer_dir, self.keep_last, self.on_published = tokenizer_dir, keep_last, on_published
         self.delta, self.full_every = delta, full_every
         self.engines = engines  # which loaders the exports must suit (convert.export_hf ``engines``)
         self.calibrator, self.kv_cache_formats = calibrator, kv_cache_formats
+        self.prober = prober
         # An object store's versions are staged locally; the full exports kept there are the
         # next deltas' bases and the directories samplers start from.
         self.cache_dir = None if self.store.local is not None else default_cache_dir(self.store)
@@ -69,6 +77,7 @@ class Publisher:
         self.errors: list[str] = []
         self.published: list[int] = []
         self.reports: list[tuple[int, dict]] = []  # (version, {format: {bytes, full_bytes, delta_base}})
+        self.probes: dict[int, Probe] = {}  # the newest versions' probes, by version
         self._thread = threading.Thread(target=self._run, name="mixrl-publisher", daemon=True)
         self._thread.start()
 
@@ -85,13 +94,24 @@ class Publisher:
             self.errors.append(f"v{version}: calibration: {type(e).__name__}: {e}")
             return None, kv
 
+    def probe(self, version: int) -> Probe | None:
+        """The version probe of ``version`` (``None`` without a prober, or when it failed: in
+        ``errors``)."""
+        if self.prober is None:
+            return None
+        try:
+            return self.prober(version)
+        except (ValueError, FloatingPointError) as e:
+            self.errors.append(f"v{version}: probe: {type(e).__name__}: {e}")
+            return None
+
     def publish_now(self, version: int, tensors: dict) -> dict[str, Path]:
-        """Calibrate (in this thread) and publish ``version``; return ``{format: local
-        directory}`` (a full one for the first)."""
-        return self._publish(version, tensors, *self.calibrate(version))
+        """Calibrate and probe (in this thread) and publish ``version``; return ``{format:
+        local directory}`` (a full one for the first)."""
+        return self._publish(version, tensors, *self.calibrate(version), self.probe(version))
 
     def _publish(self, version: int, tensors: dict, calibration: Calibration | None,
-                 kv_formats: list[str]) -> dict[str, Path]:
+                 kv_formats: list[str], probe: Probe | None = None) -> dict[str, Path]:
         first = not self.published
         remote = self.cache_dir is not None
         report: dict = {}
@@ -100,9 +120,14 @@ class Publisher:
                         keep_last=self.keep_last, tokenizer_dir=self.tokenizer_dir,
                         delta=self.delta or remote, full_every=full_every, cache_dir=self.cache_dir,
                         report=report, engines=self.engines(), calibration=calibration,
-                        kv_cache_formats=kv_formats)
+                        kv_cache_formats=kv_formats,
+                        extra_json={PROBE_FILE: probe.to_json()} if probe is not None else None)
         self.published.append(version)
         self.reports.append((version, report))
+        if probe is not None:
+            self.probes[version] = probe
+            for old in sorted(self.probes)[:-8]:  # reports come for recent versions only
+                del self.probes[old]
         self.on_published(version, paths)
         return {f: self.cache_dir / f for f in paths} if remote else paths
 
@@ -125,8 +150,9 @@ class Publisher:
     def request(self, version: int, tensors: dict) -> None:
         """Publish ``version`` in the background (calibrated here, in the caller's thread)."""
         calibration = self.calibrate(version)
+        probe = self.probe(version)
         with self._cond:
-            self._pending = (version, tensors, *calibration)
+            self._pending = (version, tensors, *calibration, probe)
             self._cond.notify()
 
     def _run(self) -> None:
@@ -136,10 +162,10 @@ class Publisher:
                     self._cond.wait()
                 if self._pending is None:  # stopping, nothing left to publish
                     return
-                version, tensors, calibration, kv_formats = self._pending
+                version, tensors, calibration, kv_formats, probe = self._pending
                 self._pending = None
             try:
-                self._publish(version, tensors, calibration, kv_formats)
+                self._publish(version, tensors, calibration, kv_formats, probe)
             except Exception as e:  # keep training; samplers keep the previous version
                 self.errors.append(f"v{version}: {type(e).__name__}: {e}")
 

@@ -43,10 +43,21 @@ from trainer_jax.faults import during, fault_point
 from trainer_jax.follower import follow
 from trainer_jax.learner import Learner
 from trainer_jax.objective import compute_advantages, reduce_metrics
-from trainer_jax.parallel.lockstep import CALIBRATE, CHECKPOINT, PUBLISH, STEP, STOP, Lockstep, Order
+from trainer_jax.parallel.lockstep import (
+    CALIBRATE,
+    CHECKPOINT,
+    PROBE,
+    PUBLISH,
+    STEP,
+    STOP,
+    Lockstep,
+    Order,
+)
 from trainer_jax.parallel.mesh import describe, make_mesh
 from trainer_jax.parallel.rules import ShardingRules
 from trainer_jax.policy import build_policy, check_layout
+from trainer_jax.probe import Prober
+from trainer_jax.service.probe_report import probe_line, probe_metrics, probe_summary
 from trainer_jax.progress import StepProgress
 from trainer_jax.publisher import Publisher, snapshot
 from trainer_jax.resume import (
@@ -275,6 +286,11 @@ class Trainer:
         self._order(CALIBRATE)
         return self.lockstep.share((ids, segment_ids))
 
+    def _probe_inputs(self, inputs: tuple) -> tuple:
+        """The version probe's forwards are collectives too: announce them, share the inputs."""
+        self._order(PROBE)
+        return self.lockstep.share(inputs)
+
     def _save_checkpoint(self) -> None:
         if self.leader:
             self.meta["task_cursor"] = int(self.source.cursor)
@@ -318,10 +334,12 @@ class Trainer:
                 [1 - min(1.0, s["active_samples"] / max(1, s["capacity"])) for s in samplers]))
         for gname, g in status["groups"].items():
             values[f"group/{gname}/tokens_per_s"] = float(g["tokens_per_s"])
+        values.update(probe_metrics(status, self.service.probes))
         return values
 
     def _on_published(self, version: int, paths: dict[str, Path]) -> None:
-        self.service.publish_version(version, {k: str(v) for k, v in paths.items()})
+        self.service.publish_version(version, {k: str(v) for k, v in paths.items()},
+                                     probe=self.publisher.probes.get(version))
 
     def run(self) -> dict:
         cfg = self.cfg
@@ -338,12 +356,20 @@ class Trainer:
             self.source.spec(self.source.cursor + i).prompt_ids for i in range(16)],
             collective=self._calibration_ids if self.lockstep.multi else None) \
             if wcfg.calibrate else None
+        pcfg = cfg.service.probe
+        # The version probe (trainer_jax.probe): fixed prompts, the first tasks of the run.
+        self.prober = Prober([self.source.spec(i).prompt_ids for i in range(pcfg.prompts)],
+                             tokens=pcfg.tokens, seed=pcfg.seed,
+                             collective=self._probe_inputs if self.lockstep.multi else None) \
+            if pcfg.enabled else None
         self.publisher = Publisher(wcfg.root or self.run_dir / "weights", self.qcfg.to_hf_dict(),
                                    self.weight_formats, self.tokenizer_dir, cfg.train.keep_versions,
                                    self._on_published, delta=wcfg.delta, full_every=wcfg.full_every,
                                    engines=self.export_engines, calibrator=self.calibrator,
                                    kv_cache_formats=lambda: fp8_kv_formats(group_kv_pairs(
-                                       cfg.groups, self.service.status()["samplers"])))
+                                       cfg.groups, self.service.status()["samplers"])),
+                                   prober=(lambda v: self.prober(self.model, v))
+                                   if self.prober else None)
         version = int(self.meta["version"])
         if self.resume:
             # Past every version ever published here, so no sampler takes the new weights for
@@ -390,6 +416,7 @@ class Trainer:
         summary.update(steps=self.meta["step"], eval_start=history.get("eval_start", {}),
                        eval_end=history.get("eval_end", {}), publish_errors=self.publisher.errors,
                        weights=self.publisher.bytes_summary(),
+                       probe=probe_summary(self.service.status(), self.service.probes),
                        plots=[str(p) for p in plots])
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         return summary
@@ -439,7 +466,7 @@ class Trainer:
                 progress.advance(
                     f"reward {values['reward_mean']:.3f} k3 {values.get('k3', float('nan')):.2e} "
                     f"oor {values.get('out_of_range', float('nan')):.3f} |g| {result.grad_norm:.2f} "
-                    f"idle {values['trainer_idle_share']:.0%}"
+                    f"idle {values['trainer_idle_share']:.0%}" + probe_line(values)
                     + (f" sampler restarts {self.samplers.restarts}" if self.samplers.restarts else ""))
 
     def _save_trajectories(self, samples: list[Sample], taken) -> None:

@@ -181,6 +181,46 @@ class HeartbeatResponse(_message.Message):
     expired_lease_ids: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, current_version: _Optional[int] = ..., expired_lease_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
+class ProbeReport(_message.Message):
+    __slots__ = ("session_id", "version", "logprobs", "previous_logprobs", "weights_digest", "weights_unchanged", "error")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    PREVIOUS_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    WEIGHTS_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    WEIGHTS_UNCHANGED_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    version: int
+    logprobs: _containers.RepeatedScalarFieldContainer[float]
+    previous_logprobs: _containers.RepeatedScalarFieldContainer[float]
+    weights_digest: str
+    weights_unchanged: bool
+    error: str
+    def __init__(self, session_id: _Optional[str] = ..., version: _Optional[int] = ..., logprobs: _Optional[_Iterable[float]] = ..., previous_logprobs: _Optional[_Iterable[float]] = ..., weights_digest: _Optional[str] = ..., weights_unchanged: _Optional[bool] = ..., error: _Optional[str] = ...) -> None: ...
+
+class ProbeAck(_message.Message):
+    __slots__ = ("action", "reason", "verdict", "kl", "max_abs")
+    class Action(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        OK: _ClassVar[ProbeAck.Action]
+        RELOAD: _ClassVar[ProbeAck.Action]
+        REVOKED: _ClassVar[ProbeAck.Action]
+    OK: ProbeAck.Action
+    RELOAD: ProbeAck.Action
+    REVOKED: ProbeAck.Action
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    VERDICT_FIELD_NUMBER: _ClassVar[int]
+    KL_FIELD_NUMBER: _ClassVar[int]
+    MAX_ABS_FIELD_NUMBER: _ClassVar[int]
+    action: ProbeAck.Action
+    reason: str
+    verdict: str
+    kl: float
+    max_abs: float
+    def __init__(self, action: _Optional[_Union[ProbeAck.Action, str]] = ..., reason: _Optional[str] = ..., verdict: _Optional[str] = ..., kl: _Optional[float] = ..., max_abs: _Optional[float] = ...) -> None: ...
+
 class Timings(_message.Message):
     __slots__ = ("queue_ms", "generate_ms")
     QUEUE_MS_FIELD_NUMBER: _ClassVar[int]
@@ -328,23 +368,29 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GroupStatus(_message.Message):
-    __slots__ = ("name", "samplers", "tokens_per_s", "share", "outstanding", "accepted")
+    __slots__ = ("name", "samplers", "tokens_per_s", "share", "outstanding", "accepted", "probe_version", "probe_kl", "probe_max_abs")
     NAME_FIELD_NUMBER: _ClassVar[int]
     SAMPLERS_FIELD_NUMBER: _ClassVar[int]
     TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
     SHARE_FIELD_NUMBER: _ClassVar[int]
     OUTSTANDING_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    PROBE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    PROBE_KL_FIELD_NUMBER: _ClassVar[int]
+    PROBE_MAX_ABS_FIELD_NUMBER: _ClassVar[int]
     name: str
     samplers: int
     tokens_per_s: float
     share: float
     outstanding: int
     accepted: int
-    def __init__(self, name: _Optional[str] = ..., samplers: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., share: _Optional[float] = ..., outstanding: _Optional[int] = ..., accepted: _Optional[int] = ...) -> None: ...
+    probe_version: int
+    probe_kl: float
+    probe_max_abs: float
+    def __init__(self, name: _Optional[str] = ..., samplers: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., share: _Optional[float] = ..., outstanding: _Optional[int] = ..., accepted: _Optional[int] = ..., probe_version: _Optional[int] = ..., probe_kl: _Optional[float] = ..., probe_max_abs: _Optional[float] = ...) -> None: ...
 
 class SamplerStatus(_message.Message):
-    __slots__ = ("session_id", "name", "group", "recipe", "accelerator", "accepted", "duplicates", "rejected", "rejections", "outstanding", "weights_version", "weight_failures", "last_seen_s_ago", "device")
+    __slots__ = ("session_id", "name", "group", "recipe", "accelerator", "accepted", "duplicates", "rejected", "rejections", "outstanding", "weights_version", "weight_failures", "last_seen_s_ago", "device", "verified_version", "probe_version", "probe_kl", "probe_max_abs", "probe_verdict", "probe_reason")
     class RejectionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -366,6 +412,12 @@ class SamplerStatus(_message.Message):
     WEIGHT_FAILURES_FIELD_NUMBER: _ClassVar[int]
     LAST_SEEN_S_AGO_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
+    VERIFIED_VERSION_FIELD_NUMBER: _ClassVar[int]
+    PROBE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    PROBE_KL_FIELD_NUMBER: _ClassVar[int]
+    PROBE_MAX_ABS_FIELD_NUMBER: _ClassVar[int]
+    PROBE_VERDICT_FIELD_NUMBER: _ClassVar[int]
+    PROBE_REASON_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     name: str
     group: str
@@ -380,7 +432,13 @@ class SamplerStatus(_message.Message):
     weight_failures: int
     last_seen_s_ago: float
     device: ComputeDevice
-    def __init__(self, session_id: _Optional[str] = ..., name: _Optional[str] = ..., group: _Optional[str] = ..., recipe: _Optional[_Union[Recipe, _Mapping]] = ..., accelerator: _Optional[str] = ..., accepted: _Optional[int] = ..., duplicates: _Optional[int] = ..., rejected: _Optional[int] = ..., rejections: _Optional[_Mapping[str, int]] = ..., outstanding: _Optional[int] = ..., weights_version: _Optional[int] = ..., weight_failures: _Optional[int] = ..., last_seen_s_ago: _Optional[float] = ..., device: _Optional[_Union[ComputeDevice, _Mapping]] = ...) -> None: ...
+    verified_version: int
+    probe_version: int
+    probe_kl: float
+    probe_max_abs: float
+    probe_verdict: str
+    probe_reason: str
+    def __init__(self, session_id: _Optional[str] = ..., name: _Optional[str] = ..., group: _Optional[str] = ..., recipe: _Optional[_Union[Recipe, _Mapping]] = ..., accelerator: _Optional[str] = ..., accepted: _Optional[int] = ..., duplicates: _Optional[int] = ..., rejected: _Optional[int] = ..., rejections: _Optional[_Mapping[str, int]] = ..., outstanding: _Optional[int] = ..., weights_version: _Optional[int] = ..., weight_failures: _Optional[int] = ..., last_seen_s_ago: _Optional[float] = ..., device: _Optional[_Union[ComputeDevice, _Mapping]] = ..., verified_version: _Optional[int] = ..., probe_version: _Optional[int] = ..., probe_kl: _Optional[float] = ..., probe_max_abs: _Optional[float] = ..., probe_verdict: _Optional[str] = ..., probe_reason: _Optional[str] = ...) -> None: ...
 
 class StatusResponse(_message.Message):
     __slots__ = ("server_id", "current_version", "uptime_s", "pending_samples", "outstanding_samples", "buffered_trajectories", "buffered_bytes", "ready_groups", "accepted", "duplicates", "rejected", "taken_groups", "requeued_samples", "groups", "samplers")

@@ -76,6 +76,11 @@ class RolloutStub:
                 request_serializer=mixrl_dot_v1_dot_rollout__pb2.StatusRequest.SerializeToString,
                 response_deserializer=mixrl_dot_v1_dot_rollout__pb2.StatusResponse.FromString,
                 _registered_method=True)
+        self.ReportProbe = channel.unary_unary(
+                '/mixrl.v1.Rollout/ReportProbe',
+                request_serializer=mixrl_dot_v1_dot_rollout__pb2.ProbeReport.SerializeToString,
+                response_deserializer=mixrl_dot_v1_dot_rollout__pb2.ProbeAck.FromString,
+                _registered_method=True)
 
 
 class RolloutServicer:
@@ -133,6 +138,13 @@ class RolloutServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportProbe(self, request, context):
+        """After each weight load: the sampler's log q of the version's probe tokens (docs/wire.md).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RolloutServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -175,6 +187,11 @@ def add_RolloutServicer_to_server(servicer, server):
                     servicer.Status,
                     request_deserializer=mixrl_dot_v1_dot_rollout__pb2.StatusRequest.FromString,
                     response_serializer=mixrl_dot_v1_dot_rollout__pb2.StatusResponse.SerializeToString,
+            ),
+            'ReportProbe': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportProbe,
+                    request_deserializer=mixrl_dot_v1_dot_rollout__pb2.ProbeReport.FromString,
+                    response_serializer=mixrl_dot_v1_dot_rollout__pb2.ProbeAck.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -395,6 +412,33 @@ class Rollout:
             '/mixrl.v1.Rollout/Status',
             mixrl_dot_v1_dot_rollout__pb2.StatusRequest.SerializeToString,
             mixrl_dot_v1_dot_rollout__pb2.StatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportProbe(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mixrl.v1.Rollout/ReportProbe',
+            mixrl_dot_v1_dot_rollout__pb2.ProbeReport.SerializeToString,
+            mixrl_dot_v1_dot_rollout__pb2.ProbeAck.FromString,
             options,
             channel_credentials,
             insecure,

@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from sampler_torch.engine.fingerprint import module_fingerprint
 from sampler_torch.engine.forward import EngineForward
 from sampler_torch.engine.params import Completion, SamplingParams, per_request
 from sampler_torch.engine.sampling import (
@@ -126,6 +127,7 @@ class Engine:
                             require_manifest=require_manifest)
         self._loaded: LoadedModel = loaded
         self._forward = EngineForward(loaded.model, self.recipe)
+        self._digest = _digest(loaded)
         self._version = version
         self._lock = threading.Lock()  # guards _loaded/_version/_pending/_generating
         self._generate_lock = threading.Lock()  # one generate at a time
@@ -179,7 +181,9 @@ class Engine:
             raise WeightLoadError(f"{model_dir}: architecture differs from the served model "
                                   f"({loaded.config} vs {self._loaded.config})")
         staged = (loaded, EngineForward(loaded.model, self.recipe), int(version))
+        digest = _digest(loaded)
         with self._lock:
+            self._digest = digest
             if self._generating:
                 self._pending = staged
             else:
@@ -194,7 +198,36 @@ class Engine:
             self._pending = None
             return True
 
+    def weights_digest(self) -> str:
+        """Fingerprint of the weights (and KV scales) last loaded, computed on the device at
+        load (``sampler_torch.engine.fingerprint``): the version probe's no-op-reload check."""
+        with self._lock:
+            return self._digest
+
     # ------------------------------------------------------------------ scoring
+
+    @torch.inference_mode()
+    def score(self, prompts: Sequence[Sequence[int]],
+              continuations: Sequence[Sequence[int]]) -> list[list[float]]:
+        """Per continuation token t, ``log q(c_t | prompt, c_<t)`` under the newest loaded
+        weights and the recipe (quantized weights, KV cache dtype and scales), at temperature 1
+        before any truncation: what the version probe compares with the trainer's log p."""
+        if len(prompts) != len(continuations):
+            raise ValueError(f"{len(prompts)} prompts but {len(continuations)} continuations")
+        with self._lock:  # the newest load, even while a generate still serves the one before
+            loaded, fwd = (self._pending[:2] if self._pending is not None
+                           else (self._loaded, self._forward))
+        out = []
+        seqs = [[*map(int, p), *map(int, c)] for p, c in zip(prompts, continuations, strict=True)]
+        for prompt, cont, logits in zip(prompts, continuations,
+                                        self._logits(seqs, loaded, fwd), strict=True):
+            if not len(cont):
+                out.append([])
+                continue
+            lp = torch.log_softmax(logits[len(prompt) - 1:-1].float(), dim=-1)
+            idx = torch.tensor([int(t) for t in cont], dtype=torch.long)
+            out.append(lp.gather(-1, idx[:, None])[:, 0].tolist())
+        return out
 
     @torch.inference_mode()
     def logits(self, sequences: Sequence[Sequence[int]]) -> list[torch.Tensor]:
@@ -203,11 +236,15 @@ class Engine:
         Keys and values go through a KV cache of the recipe's dtype (written, then read back
         for attention), so an FP8 KV cache's rounding shows here as it does in generation.
         """
-        fwd, loaded = self._forward, self._loaded
+        return self._logits(sequences, self._loaded, self._forward)
+
+    @torch.inference_mode()
+    def _logits(self, sequences: Sequence[Sequence[int]], loaded: LoadedModel,
+                fwd: EngineForward) -> list[torch.Tensor]:
         out = []
         for seq in sequences:
             ids = torch.tensor([list(seq)], dtype=torch.long, device=self.device)
-            cache = make_kv_cache(self.config, 1, len(seq), kv_torch_dtype(self.recipe),
+            cache = make_kv_cache(loaded.config, 1, len(seq), kv_torch_dtype(self.recipe),
                                   loaded.k_scales, loaded.v_scales, device=self.device)
             slots = torch.zeros(1, dtype=torch.long, device=self.device)
             out.append(fwd.logits(fwd.hidden(ids, cache=cache, slots=slots))[0].cpu())
@@ -449,3 +486,7 @@ class Engine:
                 n = sup_len[row]
                 out.support_ids.append(sup_ids[row][:n])
                 out.support_logprobs.append(sup_lp[row][:n])
+
+
+def _digest(loaded: LoadedModel) -> str:
+    return module_fingerprint(loaded.model, (loaded.k_scales, loaded.v_scales))

@@ -22,6 +22,7 @@ from trainer_jax.config.parallel import DistributedConfig, MeshConfig
 from trainer_jax.config.run import MixEntry, RunSection, SamplerGroupConfig, TasksConfig, TrainConfig
 from trainer_jax.config.service import (
     BufferConfig,
+    ProbeConfig,
     RouterConfig,
     ServiceConfig,
     ServiceLimitsConfig,
@@ -175,6 +176,6 @@ def describe(e: ValidationError) -> str:
 
 
 __all__ = ["BufferConfig", "ConfigError", "DistributedConfig", "MeshConfig", "MixEntry", "ModelConfig",
-           "ObjectiveConfig", "OptimizerConfig", "RouterConfig", "RunConfig", "RunSection", "SFTConfig",
-           "SamplerGroupConfig", "ServiceConfig", "ServiceLimitsConfig", "TLSConfig", "TasksConfig",
-           "TrainConfig", "apply_override", "load_config"]
+           "ObjectiveConfig", "OptimizerConfig", "ProbeConfig", "RouterConfig", "RunConfig", "RunSection",
+           "SFTConfig", "SamplerGroupConfig", "ServiceConfig", "ServiceLimitsConfig", "TLSConfig",
+           "TasksConfig", "TrainConfig", "apply_override", "load_config"]

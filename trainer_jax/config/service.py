@@ -62,6 +62,25 @@ class RouterConfig(_Strict):
         return one_of(v, sorted(POLICIES), "router policy")
 
 
+class ProbeConfig(_Strict):
+    """The version probe (``mixrl_wire.probe``, ``trainer_jax.service.probes``, docs/wire.md):
+    at each publish the trainer samples ``tokens`` tokens after each of ``prompts`` fixed task
+    prompts; every sampler scores them after loading and reports."""
+
+    enabled: bool = True
+    prompts: int = Field(4, gt=0, le=64)
+    tokens: int = Field(16, gt=0, le=256)
+    seed: int = 0
+    # "serves the previous version" only when consecutive versions differ by more than this many
+    # times the recipe's own noise (mean |delta log p| at equal weights); else "undecided".
+    margin: float = Field(3.0, gt=0, allow_inf_nan=False)
+    # Stop leasing to a sampler whose probe exceeds its recipe's bound (only where the bound was
+    # measured on the sampler's device kind; elsewhere it alarms).
+    enforce: bool = False
+    # RELOAD requests after a no-op reload or stale weights before the session is revoked.
+    max_reloads: int = Field(1, ge=0)
+
+
 class ServiceConfig(_Strict):
     listen: str = "127.0.0.1:50051"
     token_file: str | None = None  # else the MIXRL_TOKEN environment variable
@@ -73,6 +92,7 @@ class ServiceConfig(_Strict):
     buffer: BufferConfig = BufferConfig()
     limits: ServiceLimitsConfig = ServiceLimitsConfig()
     router: RouterConfig = RouterConfig()
+    probe: ProbeConfig = ProbeConfig()
     # `mixrl-train serve`: publish this directory as version 0 (an HF dir in `weights_format`, or
     # a directory of per-format HF dirs such as convert.publish writes).
     weights_dir: str | None = None

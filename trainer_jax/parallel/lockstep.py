@@ -34,6 +34,7 @@ import jax
 import numpy as np
 
 STEP, PUBLISH, CALIBRATE, CHECKPOINT, STOP = "step", "publish", "calibrate", "checkpoint", "stop"
+PROBE = "probe"  # the version probe's forwards (trainer_jax.probe)
 _ORDER, _BEAT, _DONE = "mixrl/order/{}", "mixrl/beat/{}", "mixrl/done/{}"
 LOST_EXIT_CODE = 1
 

@@ -24,6 +24,7 @@ All state sits behind one lock. Content validation (``validation.py``) runs outs
 from __future__ import annotations
 
 import collections
+import dataclasses
 import secrets
 import threading
 import time
@@ -123,7 +124,7 @@ class Scheduler:
                                "unknown or expired session (register again)")
             if s.revoked:
                 raise Rejected(grpc.StatusCode.PERMISSION_DENIED, "session_id",
-                               f"session revoked after {s.rejected} rejected submissions")
+                               f"session revoked: {s.revoked_reason or 'revoked'}")
             s.last_seen = self.clock()
             return s
 
@@ -336,8 +337,19 @@ class Scheduler:
             s.rejected += 1
             s.rejections[field] += 1
             if s.rejected >= self.cfg.limits.max_rejections_per_sampler and not s.revoked:
-                s.revoked = True
-                self._drop_leases(s, "session revoked")
+                self._revoke(s, f"{s.rejected} rejected submissions")
+
+    def revoke(self, session_id: str, reason: str) -> None:
+        """Refuse every later call of ``session_id`` (PERMISSION_DENIED naming ``reason``) and
+        put its leases back in the queue."""
+        with self.lock:
+            s = self.sessions.get(session_id)
+            if s is not None and not s.revoked:
+                self._revoke(s, reason)
+
+    def _revoke(self, s: Session, reason: str) -> None:
+        s.revoked, s.revoked_reason = True, reason
+        self._drop_leases(s, "session revoked")
 
     def _drop_leases(self, s: Session, why: str) -> None:
         for lease_id in list(s.leases):
@@ -441,7 +453,8 @@ class Scheduler:
                 "duplicates": s.duplicates, "rejected": s.rejected, "rejections": dict(s.rejections),
                 "outstanding": s.outstanding, "weights_version": s.weights_version,
                 "weight_failures": s.weight_failures, "active_samples": s.active_samples,
-                "revoked": s.revoked, "last_seen_s_ago": now - s.last_seen,
+                "revoked": s.revoked, "revoked_reason": s.revoked_reason,
+                "last_seen_s_ago": now - s.last_seen, "probe": dataclasses.asdict(s.probe),
             } for s in self.sessions.values()]
             return {
                 "current_version": self.current_version, "pending_samples": self.pending_samples,

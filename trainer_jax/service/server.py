@@ -29,9 +29,11 @@ from grpc_reflection.v1alpha import reflection
 
 from mixrl_wire import BULK_CHANNEL_OPTIONS, SERVICE_NAME, pb, pb_grpc
 from mixrl_wire.fastpath import WireTrajectory, decode_trajectory
+from mixrl_wire.probe import Probe
 from trainer_jax.config import RunConfig, ServiceConfig
 from trainer_jax.service.auth import BearerTokenInterceptor, server_credentials
 from trainer_jax.service.buffer import TrajectoryGroup
+from trainer_jax.service.probes import ProbeBook
 from trainer_jax.service.router import Router
 from trainer_jax.service.scheduler import Duplicate, Rejected, Scheduler
 from trainer_jax.service.scoring import ScoringBuffer
@@ -129,6 +131,12 @@ class _Servicer(pb_grpc.RolloutServicer):
     def Status(self, request, context):
         return self.svc.status_pb()
 
+    def ReportProbe(self, request, context):
+        try:
+            return self.svc.report_probe(request)
+        except Rejected as e:
+            context.abort(e.code, str(e))
+
 
 _CODES = {c.value[0]: c for c in grpc.StatusCode}
 
@@ -174,6 +182,7 @@ class RolloutService:
         self.router = Router(cfg.router)
         self.scheduler = Scheduler(source, self.buffer, self.router, cfg, self.vocab_size)
         self.weights = WeightRegistry()
+        self.probes = ProbeBook(cfg.probe)
         self.port: int | None = None
         self._server: grpc.Server | None = None
         self._health = health.HealthServicer(experimental_non_blocking=True)
@@ -276,13 +285,20 @@ class RolloutService:
     # ---------------------------------------------------------------- trainer API
 
     def publish_version(self, version: int, paths: Mapping[str, str | Path],
-                        manifests: Mapping[str, Mapping] | None = None) -> None:
+                        manifests: Mapping[str, Mapping] | None = None,
+                        probe: Probe | None = None) -> None:
         """Announce weights ``version`` as ``{format: directory}`` to every watching sampler.
 
         ``manifests``: per format, a converter manifest dict (``{"files": {rel: {"sha256", "size"}}}``);
         by default the directory's ``manifest.json`` (or one computed here if it has none).
+        ``probe``: the version's probe (else the ``probe.json`` of a local directory, if any),
+        what samplers' ``ReportProbe`` calls are judged against.
         Versions must increase; trajectories may then carry tokens of any version up to this one.
         """
+        if probe is not None:
+            self.probes.add(probe)
+        elif paths and Path(str(next(iter(paths.values())))).is_dir():
+            self.probes.add_from_dir(version, next(iter(paths.values())))
         self.weights.publish(version, paths, manifests)
         self.scheduler.set_version(version)
         log.info("published weights version %d (%s)", version, ", ".join(paths))
@@ -308,11 +324,31 @@ class RolloutService:
         snap["dropped_trajectories"] = self.dropped_trajectories
         return snap
 
+    def report_probe(self, req: pb.ProbeReport) -> pb.ProbeAck:
+        """Judge a sampler's probe report (``trainer_jax.service.probes``); revoke if it says so."""
+        s = self.scheduler.touch(req.session_id)
+        if len(req.logprobs) + len(req.previous_logprobs) > 1 << 16:
+            raise Rejected(grpc.StatusCode.INVALID_ARGUMENT, "logprobs", "probe report too large")
+        with self.scheduler.lock:
+            action, reason = self.probes.report(s, req)
+        if action == pb.ProbeAck.REVOKED:
+            log.error("revoking sampler %s (group %s): %s", s.name, s.group, reason)
+            self.scheduler.revoke(s.id, reason)
+        elif action == pb.ProbeAck.RELOAD:
+            log.warning("sampler %s (group %s) asked to reload: %s", s.name, s.group, reason)
+        st = s.probe
+        return pb.ProbeAck(action=action, reason=reason, verdict=st.verdict, kl=st.kl,
+                           max_abs=st.max_abs)
+
     def status_pb(self) -> pb.StatusResponse:
         st = self.status()
         t = st["totals"]
+        probed = self.probes.group_summary()
         groups = [pb.GroupStatus(name=name, samplers=g["samplers"], tokens_per_s=g["tokens_per_s"],
-                                 share=g["share"], outstanding=g["outstanding"], accepted=g["accepted"])
+                                 share=g["share"], outstanding=g["outstanding"], accepted=g["accepted"],
+                                 probe_version=probed.get(name, (-1,))[0],
+                                 probe_kl=probed.get(name, (0, 0.0))[1],
+                                 probe_max_abs=probed.get(name, (0, 0.0, 0.0))[2])
                   for name, g in st["groups"].items()]
         samplers = [pb.SamplerStatus(
             session_id=s["session_id"], name=s["name"], group=s["group"], recipe=pb.Recipe(**s["recipe"]),
@@ -320,7 +356,10 @@ class RolloutService:
             rejected=s["rejected"], rejections=s["rejections"], outstanding=s["outstanding"],
             weights_version=s["weights_version"], weight_failures=s["weight_failures"],
             last_seen_s_ago=s["last_seen_s_ago"],
-            device=pb.ComputeDevice(**s["device"]) if s.get("device") else None)
+            device=pb.ComputeDevice(**s["device"]) if s.get("device") else None,
+            verified_version=s["probe"]["verified_version"], probe_version=s["probe"]["version"],
+            probe_kl=s["probe"]["kl"], probe_max_abs=s["probe"]["max_abs"],
+            probe_verdict=s["probe"]["verdict"], probe_reason=s["probe"]["reason"])
             for s in st["samplers"]]
         return pb.StatusResponse(
             server_id=self.server_id, current_version=st["current_version"], uptime_s=st["uptime_s"],

@@ -43,6 +43,20 @@ class Duplicate(Exception):
 
 
 @dataclasses.dataclass
+class ProbeState:
+    """A session's version-probe record: its last report and the newest version it verified."""
+
+    version: int = -1            # version of the last report
+    verified_version: int = -1   # newest version whose probe passed (-1: unverified)
+    kl: float = 0.0
+    max_abs: float = 0.0
+    verdict: str = ""
+    reason: str = ""
+    reload_requests: int = 0     # RELOADs asked of it (no-op reloads, stale weights)
+    alarms: int = 0
+
+
+@dataclasses.dataclass
 class Session:
     id: str
     name: str
@@ -67,6 +81,9 @@ class Session:
     #: what the sampler computes on (``ComputeDevice``: type, name, capability, kernels); empty
     #: for samplers that do not say
     device: dict = dataclasses.field(default_factory=dict)
+    revoked_reason: str = ""
+    #: the version probe (``trainer_jax.service.probes``): the last report's version and verdict
+    probe: ProbeState = dataclasses.field(default_factory=lambda: ProbeState())
 
 
 @dataclasses.dataclass

@@ -1,0 +1,170 @@
+"""The rollout service's half of the version probe: keep each version's ``probe.json``, judge
+what samplers report after a load (``ReportProbe``), and act.
+
+A report is judged in this order (``mixrl_wire.probe``):
+
+1. **The weights first.** A sampler whose load changed the export's files but not the fingerprint
+   of what it serves (``weights_unchanged``; the engine hashes what it loaded, vLLM answers
+   ``/weight_checker``) did a no-op reload: it is asked to reload (``RELOAD``) up to
+   ``service.probe.max_reloads`` times, then revoked with the reason.
+2. **Which version.** On the previous version's continuation, log q closer to p_{v-1} than to p_v,
+   when the two versions differ by more than ``margin`` times the recipe's noise: ``older``,
+   handled like a no-op reload. Closer than that: ``undecided`` (never acted on).
+3. **How far.** Probe KL or max |Δ log p| above the recipe's bound (per recipe, backend and device
+   kind: ``probe_bounds.json``, measured by ``benchmarks/bench_probe.py``): an alarm (logged,
+   counted, in ``Status``); with ``service.probe.enforce`` the sampler is revoked, but only where
+   the bound was measured on its device kind (CPU-measured bounds alarm, never enforce, on a GPU).
+
+A report that passes sets the sampler's ``verified_version``. Samplers that never report stay
+``unverified`` (verified_version -1), which ``Status`` and the status line show.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+
+from mixrl_wire import pb
+from mixrl_wire.probe import (
+    ERROR,
+    NOOP_RELOAD,
+    OLDER,
+    Bound,
+    Probe,
+    ProbeError,
+    judge,
+)
+from trainer_jax.config.service import ProbeConfig
+from trainer_jax.service.sessions import Session
+
+log = logging.getLogger("mixrl.service")
+
+BOUNDS_FILE = Path(__file__).with_name("probe_bounds.json")
+#: used for a recipe nothing was measured for: loose enough that only a broken sampler alarms
+DEFAULT_BOUND = Bound(kl=0.05, max_abs=2.0, noise=1e-3)
+
+
+def load_bounds(path: str | Path = BOUNDS_FILE) -> dict[str, Bound]:
+    """``{"recipe/backend/device": Bound}`` from the measured table (see its ``measured``)."""
+    data = json.loads(Path(path).read_text())
+    return {key: Bound(float(b["kl"]), float(b["max_abs"]), float(b["noise"]),
+                       str(b.get("measured_on", key.rsplit("/", 1)[-1])))
+            for key, b in data["bounds"].items()}
+
+
+def bound_for(bounds: Mapping[str, Bound], recipe: str, backend: str, device: str) -> Bound:
+    """The bound of (recipe, backend, device kind): exact, else the same recipe and backend
+    measured on another device, else the recipe on any backend, else ``DEFAULT_BOUND``. Only an
+    exact match keeps ``measured_on`` equal to ``device`` (what enforcement requires)."""
+    backend = {"mixrl-engine": "engine"}.get(backend, backend or "engine")
+    exact = bounds.get(f"{recipe}/{backend}/{device}")
+    if exact is not None:
+        return exact
+    for key in sorted(bounds):
+        r, b, _ = key.split("/")
+        if r == recipe and b == backend:
+            return bounds[key]
+    for key in sorted(bounds):
+        if key.split("/")[0] == recipe:
+            return bounds[key]
+    return DEFAULT_BOUND
+
+
+class ProbeBook:
+    """Probes by version, and the judgement of each report against them."""
+
+    def __init__(self, cfg: ProbeConfig, bounds: Mapping[str, Bound] | None = None, keep: int = 8):
+        self.cfg = cfg
+        self.bounds = dict(load_bounds() if bounds is None else bounds)
+        self.keep = keep
+        self.probes: dict[int, Probe] = {}
+        self.lock = threading.Lock()
+        #: (version, group) -> worst (kl, max_abs) reported by the group's samplers
+        self.by_group: dict[tuple[int, str], tuple[float, float]] = {}
+        self.alarms: list[str] = []
+
+    def add(self, probe: Probe) -> None:
+        with self.lock:
+            self.probes[probe.version] = probe
+            for old in sorted(self.probes)[:-self.keep]:
+                del self.probes[old]
+
+    def add_from_dir(self, version: int, directory: str | Path) -> None:
+        """The probe written into a local export directory (``mixrl-train serve``), if any."""
+        from mixrl_wire.probe import read_probe
+
+        try:
+            probe = read_probe(directory)
+        except ProbeError as e:
+            log.warning("version %d: %s (no probe for this version)", version, e)
+            return
+        if probe is not None:
+            self.add(probe)
+
+    def report(self, s: Session, req: pb.ProbeReport) -> tuple[int, str]:
+        """Judge one report of session ``s`` (updating ``s.probe``); return ``(action, reason)``
+        with ``action`` a ``pb.ProbeAck.Action``."""
+        st = s.probe
+        st.version = int(req.version)
+        if req.weights_unchanged:
+            return self._reload_or_revoke(
+                s, NOOP_RELOAD, f"version {req.version}: the reload left the served weights "
+                f"unchanged (fingerprint {req.weights_digest[:16] or '?'}) though its files changed")
+        if req.error:
+            st.verdict, st.reason = ERROR, req.error[:500]
+            return pb.ProbeAck.OK, st.reason
+        with self.lock:
+            probe = self.probes.get(int(req.version))
+        if probe is None:
+            st.verdict, st.reason = ERROR, f"no probe kept for version {req.version}"
+            return pb.ProbeAck.OK, st.reason
+        recipe = s.recipe.get("name", "")
+        device = s.device.get("type", "") or "cpu"
+        bound = bound_for(self.bounds, recipe, s.recipe.get("backend", ""), device)
+        try:
+            j = judge(probe, list(req.logprobs), list(req.previous_logprobs), bound,
+                      margin=self.cfg.margin)
+        except ProbeError as e:
+            st.verdict, st.reason = ERROR, f"malformed report: {e}"
+            return pb.ProbeAck.OK, st.reason
+        st.kl, st.max_abs, st.verdict, st.reason = j.current.kl, j.current.max_abs, j.verdict, j.reason
+        key = (probe.version, s.group)
+        with self.lock:
+            worst = self.by_group.get(key, (0.0, 0.0))
+            self.by_group[key] = (max(worst[0], j.current.kl), max(worst[1], j.current.max_abs))
+        if j.verdict == OLDER:
+            return self._reload_or_revoke(s, OLDER, f"version {req.version}: {j.reason}")
+        if j.verdict == "above_bound":
+            st.alarms += 1
+            line = (f"probe alarm: sampler {s.name} (group {s.group}, recipe {recipe}, {device}) "
+                    f"on version {req.version}: {j.reason}")
+            log.warning(line)
+            self.alarms.append(line)
+            if self.cfg.enforce and bound.measured_on == device:
+                return pb.ProbeAck.REVOKED, line
+            return pb.ProbeAck.OK, line
+        st.verified_version = max(st.verified_version, int(req.version))
+        st.reload_requests = 0
+        return pb.ProbeAck.OK, j.reason
+
+    def _reload_or_revoke(self, s: Session, verdict: str, reason: str) -> tuple[int, str]:
+        st = s.probe
+        st.verdict, st.reason = verdict, reason
+        if st.reload_requests < self.cfg.max_reloads:
+            st.reload_requests += 1
+            return pb.ProbeAck.RELOAD, reason
+        return pb.ProbeAck.REVOKED, f"{reason} (after {st.reload_requests} reload request(s))"
+
+    def group_summary(self) -> dict[str, tuple[int, float, float]]:
+        """Per group: (newest version with a report, worst probe KL, worst max |Δ|) on it."""
+        out: dict[str, tuple[int, float, float]] = {}
+        with self.lock:
+            for (version, group), (kl, mx) in sorted(self.by_group.items()):
+                out[group] = (version, kl, mx)
+        return out
+
+
+__all__ = ["BOUNDS_FILE", "DEFAULT_BOUND", "ProbeBook", "bound_for", "load_bounds"]
