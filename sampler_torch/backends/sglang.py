@@ -1,44 +1,43 @@
 """An SGLang server as a sampler backend: the same ``generate`` / ``load_weights`` API as
-``sampler_torch.engine.Engine``, over SGLang's native HTTP API.
+``sampler_torch.engine.Engine`` (plus the version probe's ``score`` and ``weights_digest``), over
+SGLang's native HTTP API as SGLang 0.5.21 speaks it (``sglang_protocol``: what was read, where).
 
-Wire format followed: SGLang's ``/generate`` and ``/update_weights_from_disk`` as of the 0.5 line
-(``sglang/srt/managers/io_struct.py`` ``GenerateReqInput`` / ``UpdateWeightFromDiskReqInput``,
-``tokenizer_manager`` ``meta_info``), including the two newer additions this project relies on
-when present -- ``return_sampling_mask`` (PR #27408: ``output_token_sampling_mask``,
-``output_token_sampling_logprobs``) and per-token weight-version spans (``weight_versions``) --
-with fallbacks for servers that predate them (checked down to the 0.4.6 the ``sglang`` extra
-pins):
+Start-up (``launch`` or attach by URL): ``/server_info`` is checked (version >= 0.5.21, no flag
+that makes records inexact, the recipe's KV cache dtype and quantization), then one tiny
+``/generate`` checks the logprob semantics (below); any failure is one ``SGLangError`` line naming
+the flag or version to use.
 
-Request (batched, token ids in, ``--skip-tokenizer-init`` servers return no text)::
+Request (batched, token ids in; the server is launched with ``--skip-tokenizer-init``)::
 
     POST /generate {"input_ids": [[...], ...],
-                    "sampling_params": [{"temperature", "top_p", "top_k" (-1 = off),
-                                         "max_new_tokens", "stop_token_ids",
+                    "sampling_params": [{"temperature", "top_p", "top_k" (-1 = off), "min_p": 0,
+                                         penalties off, "max_new_tokens", "stop_token_ids",
                                          "sampling_seed", "no_stop_trim": true}, ...],
                     "return_logprob": true, "logprob_start_len": -1,
-                    "top_logprobs_num": [N, ...], "return_sampling_mask": [bool, ...]}
+                    "top_logprobs_num": [head_k, ...],
+                    "return_sampling_mask": [truncates, ...],
+                    "sampling_logprobs_mode": ["support" | null, ...]}
 
-Response: one object per prompt, ``{"output_ids": [...], "meta_info": {...}}`` with
-``meta_info["output_token_logprobs"] = [[logprob, token_id, text|null], ...]`` (SGLang's logprob
-is after temperature and before top-k/top-p: our ``logprob_full``),
-``meta_info["output_top_logprobs"] = [[[logprob, token_id, text|null], ...] per position]``,
-``meta_info["finish_reason"] = {"type": "stop"|"length"|"abort", ...}``,
-``meta_info["weight_version"]`` (a string) and, on newer servers,
-``meta_info["weight_versions"] = [{"version", "start", "end"}, ...]`` over output positions.
+Response: one object per prompt, ``{"output_ids": [...], "meta_info": {...}}``:
+``output_token_logprobs`` ``[[log q, id, null], ...]`` (after temperature, before truncation:
+``logprobs_full``), ``output_top_logprobs`` (only when top_logprobs_num > 0: the head),
+``output_token_sampling_mask`` / ``output_token_sampling_logprobs`` (the kept set S_t and log b_t
+over it, straight from the sampler: ``support_ids`` / ``support_logprobs``, and ``logprobs`` is
+log b_t(x_t)), ``finish_reason`` ``{"type": "stop" | "length" | "abort", ...}``,
+``weight_versions`` spans and ``weight_version``.
 
-Conversion to the behaviour record (``docs/design.md`` section 3), per token t with sampled
-x_t and log q_t from SGLang:
+A truncated request needs the mask, which SGLang gives only with top_k = 1 or 1 < top_k <=
+``--sampling-mask-max-tokens``: top-p without a top-k is refused here in one line (the config check
+``tasks.sampling.top_k <= train.support_k`` asks for the same). Every record is checked on arrival:
+log q(s) - log b(s) must be the same log q(S) for every kept id in the head, which a server with
+``SGLANG_RETURN_ORIGINAL_LOGPROB`` set (pre-temperature logprobs, invisible in ``/server_info``)
+fails whenever the temperature is not 1.
 
-- with the native sampling mask: S_t = ``output_token_sampling_mask[t]`` and
-  log b_t(x_t) = ``output_token_sampling_logprobs[t]``, so log q_t(S_t) = log q_t(x_t) - log b_t(x_t)
-  and every support token's log b_t(s) = log q_t(s) - log q_t(S_t), with log q_t(s) from the
-  top logprobs (requested deep enough to cover S_t; an uncovered support is an error);
-- without it: S_t is rebuilt from the top logprobs with SGLang's own rule (most probable first,
-  rank < top_k, mass before <= top_p), which needs the top list to reach past S_t's end;
-- ``head`` = the first ``head_k`` top logprobs; ``versions`` from the spans, else the response's
-  single ``weight_version`` (servers without spans pause or finish requests across an update).
-
-Greedy (temperature 0) follows SGLang: top_k = 1 at temperature 1.
+Reload: ``/pause_generation {"mode": "retract"}`` (running requests go back to the queue and their
+KV cache is recomputed after the update, so each output token comes from one version, told by the
+spans), ``/update_weights_from_disk`` with the version label (applied at once while paused, the
+radix cache flushed), ``/continue_generation`` whatever happened, then ``/model_info`` must name
+the new path and version. (``in_place`` would keep old-weight KV and fail the cache flush.)
 """
 
 from __future__ import annotations
@@ -51,104 +50,181 @@ from collections.abc import Sequence
 
 from sampler_torch.backends.http_server import (
     ServerBackend,
-    ServerError,
     add_token,
     as_version,
     new_completion,
     token_versions,
     truncates,
 )
+from sampler_torch.backends.sglang_protocol import (
+    NEUTRAL,
+    PINNED,
+    SGLangError,
+    check_server_info,
+    mask_cap,
+    server_args,
+)
 from sampler_torch.engine.params import Completion, SamplingParams
-from sampler_torch.recipes import Recipe, RecipeError, WeightLoadError, verify_export
+from sampler_torch.recipes import WeightLoadError, verify_export
 
-#: ``--quantization`` per weight format (checkpoints also carry it in ``quantization_config``)
-QUANTIZATION = {"bf16": None, "fp8_block": "fp8", "nvfp4": "modelopt_fp4",
-                "w8a8_int8": "w8a8_int8"}
-KV_CACHE_DTYPE = {"auto": "auto", "bf16": "bf16", "fp8_e4m3": "fp8_e4m3",
-                  "fp8_e5m2": "fp8_e5m2"}
-
-
-class SGLangError(ServerError):
-    """The server refused a request, answered something malformed, or is not reachable."""
-
-
-def server_args(recipe: Recipe) -> list[str]:
-    """The ``sglang.launch_server`` arguments that make a server run ``recipe``."""
-    if recipe.weight_format not in QUANTIZATION:
-        raise RecipeError(f"recipe {recipe.name!r}: SGLang serves {recipe.weight_format} only for "
-                          "gpt-oss-style MoE experts, not Qwen3; use the torch engine")
-    if recipe.kv_cache_dtype not in KV_CACHE_DTYPE:
-        raise RecipeError(f"recipe {recipe.name!r}: SGLang has no KV cache dtype "
-                          f"{recipe.kv_cache_dtype!r}")
-    args = ["--dtype", recipe.compute_dtype, "--kv-cache-dtype",
-            KV_CACHE_DTYPE[recipe.kv_cache_dtype]]
-    if QUANTIZATION[recipe.weight_format]:
-        args += ["--quantization", QUANTIZATION[recipe.weight_format]]
-    return args
+#: |log q(s) - log b(s) - log q(S)| allowed between the kept ids of one position (float32 logprobs)
+SEMANTICS_TOL = 1e-3
 
 
 class SGLangBackend(ServerBackend):
-    """``SGLangBackend(url)`` for a running server, or ``SGLangBackend.launch(model_dir, recipe)``.
+    """``SGLangBackend(url)`` for a running server (checked at once), or
+    ``SGLangBackend.launch(model_dir, recipe)`` (checked once healthy).
 
-    ``support_logprobs_num``: how many top logprobs to request when a request truncates and has
-    no top-k (they must cover the kept set; see the module docstring).
+    ``check=False`` skips the start-up check (only for a server known to be fine).
     """
 
     error = SGLangError
     server_name = "sglang server"
+    server_package = "sglang"  # the started server's Python must import it
 
-    def __init__(self, url: str, *, native_sampling_mask: bool = True, **kwargs):
+    def __init__(self, url: str, *, check: bool | None = None, **kwargs):
         super().__init__(url, **kwargs)
-        self.native_sampling_mask = native_sampling_mask
+        self.server_info: dict = {}
+        self.mask_cap = 4096
+        if check if check is not None else kwargs.get("process") is None:
+            self.check_server()
 
     @classmethod
-    def server_command(cls, model_dir: str | os.PathLike, recipe: Recipe, *, version: int,
+    def server_command(cls, model_dir: str | os.PathLike, recipe, *, version: int,
                        host: str, port: int, options: dict) -> tuple[list[str], dict, dict]:
         """``python -m sglang.launch_server`` for ``recipe`` on ``model_dir``."""
         return ([sys.executable, "-m", "sglang.launch_server", "--model-path", str(model_dir),
                  "--host", host, "--port", str(port), "--skip-tokenizer-init",
                  "--weight-version", str(version), *server_args(recipe)], {}, {})
 
+    @classmethod
+    def launch(cls, *args, **kwargs):
+        """``ServerBackend.launch``, then the start-up check (the server is stopped if it fails)."""
+        backend = super().launch(*args, **kwargs)
+        try:
+            backend.check_server()
+        except BaseException:
+            backend.close()
+            raise
+        return backend
+
+    # ------------------------------------------------------------------ start-up check
+
+    def check_server(self) -> None:
+        """Ask the server its version and flags, then test its logprob semantics on one token.
+
+        Raises ``SGLangError`` (one line) when the records it would give cannot be exact.
+        """
+        where = f"sglang server {self.url}"
+        info = self._request("GET", "/server_info", None, timeout=min(self.timeout, 60))
+        check_server_info(info, self.recipe, where)
+        self.server_info, self.mask_cap = info, mask_cap(info)
+        k = min(8, self.mask_cap)
+        p = SamplingParams(temperature=0.5, top_k=k, head_k=k, max_new_tokens=1, seed=0)
+        try:
+            self.generate([[0]], p)
+        except SGLangError as e:
+            raise SGLangError(f"{where} failed the logprob check (temperature 0.5, top_k {k}): "
+                              f"{e}") from None
+
     # ------------------------------------------------------------------ weights
 
     def load_weights(self, model_dir: str | os.PathLike, version: int, *,
                      verify: bool = True) -> None:
-        """Verify the export's manifest here (when ``verify``), then have the server reload it.
+        """Verify the export's manifest here (when ``verify``), then have the server reload it
+        between decode steps (see the module doc).
 
-        Raises ``WeightLoadError`` and leaves ``version`` unchanged if either step fails (SGLang
-        keeps serving its old weights when a load fails).
+        Raises ``WeightLoadError`` and leaves ``version`` unchanged if a step fails (SGLang rolls
+        back to its old weights when a load fails).
         """
         if verify:
             verify_export(model_dir, require_manifest=True)
+        path = str(model_dir)
+        try:
+            self._request("POST", "/pause_generation", {"mode": "retract"})
+        except SGLangError as e:
+            raise WeightLoadError(f"sglang would not pause for {path}: {e}") from e
         try:
             out = self._request("POST", "/update_weights_from_disk",
-                                {"model_path": str(model_dir), "weight_version": str(version),
-                                 "abort_all_requests": False})
+                                {"model_path": path, "weight_version": str(version),
+                                 "abort_all_requests": False, "flush_cache": True})
         except SGLangError as e:
-            raise WeightLoadError(f"sglang refused {model_dir}: {e}") from e
+            raise WeightLoadError(f"sglang refused {path}: {e}") from e
+        finally:
+            self._request("POST", "/continue_generation", {})
         if not isinstance(out, dict) or not out.get("success"):
-            raise WeightLoadError(f"sglang refused {model_dir}: "
-                                  f"{(out or {}).get('message', out)}")
+            raise WeightLoadError(f"sglang refused {path}: {(out or {}).get('message', out)}")
+        info = self._request("GET", "/model_info", None)
+        served = (str((info or {}).get("model_path")), str((info or {}).get("weight_version")))
+        if served != (path, str(version)):
+            raise WeightLoadError(f"sglang acknowledged {path} as version {version} but /model_info "
+                                  f"says model_path {served[0]}, weight_version {served[1]}")
         self.version = int(version)
         self.model_dir = model_dir
 
+    def weights_digest(self) -> str | None:
+        """A fingerprint of the weights the server holds now: ``/weights_checker``'s
+        ``per_engine_checksum`` (sha256 over every rank's tensor hashes); None if the route is
+        missing."""
+        try:
+            out = self._request("POST", "/weights_checker", {"action": "checksum"})
+        except SGLangError as e:
+            if "HTTP 404" in str(e):
+                return None
+            raise
+        if not isinstance(out, dict) or not out.get("success") or not out.get("per_engine_checksum"):
+            raise SGLangError(f"/weights_checker checksum failed: {(out or {}).get('message', out)}")
+        return str(out["per_engine_checksum"])
+
+    # ------------------------------------------------------------------ the probe
+
+    def score(self, prompts: Sequence[Sequence[int]],
+              continuations: Sequence[Sequence[int]]) -> list[list[float]]:
+        """Per continuation token t: raw log q(c_t | prompt + c_<t) under the served weights
+        (temperature 1, before truncation): SGLang's ``input_token_logprobs`` of a prefill-only
+        request (``max_new_tokens`` 0) from ``logprob_start_len = len(prompt) - 1`` (its first
+        entry, the prompt's last token, has none)."""
+        if len(prompts) != len(continuations):
+            raise ValueError(f"{len(prompts)} prompts but {len(continuations)} continuations")
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("every prompt needs at least one token")
+        todo = [i for i, c in enumerate(continuations) if len(c)]
+        out: list[list[float]] = [[] for _ in prompts]
+        if not todo:
+            return out
+        ids = [[*map(int, prompts[i]), *map(int, continuations[i])] for i in todo]
+        body = {"input_ids": ids,
+                "sampling_params": [{"max_new_tokens": 0, "temperature": 1.0, **NEUTRAL}
+                                    for _ in todo],
+                "return_logprob": True, "top_logprobs_num": 0,
+                "logprob_start_len": [len(prompts[i]) - 1 for i in todo]}
+        items = self._items(self._request("POST", "/generate", body), len(todo))
+        for i, item in zip(todo, items, strict=True):
+            want = [int(prompts[i][-1]), *map(int, continuations[i])]
+            try:
+                got = item["meta_info"]["input_token_logprobs"]
+                pairs = [(e[0], int(e[1])) for e in got]
+            except (KeyError, TypeError, IndexError, ValueError) as e:
+                raise SGLangError(f"/generate scoring item {i} lacks input_token_logprobs ({e})") from None
+            if [t for _, t in pairs] != want or any(v is None for v, _ in pairs[1:]):
+                raise SGLangError(f"/generate scoring item {i}: input_token_logprobs cover "
+                                  f"{[t for _, t in pairs]}, expected {want}")
+            out[i] = [float(v) for v, _ in pairs[1:]]
+        return out
+
     # ------------------------------------------------------------------ generation
 
-    def _payload(self, prompts, plist, seeds, native: bool) -> dict:
-        sampling, top_n, masks = [], [], []
-        for p, seed in zip(plist, seeds, strict=True):
-            sampling.append({"temperature": p.temperature, "top_p": p.top_p,
-                             "top_k": p.top_k if p.top_k > 0 else -1,
-                             "max_new_tokens": p.max_new_tokens,
-                             "stop_token_ids": list(p.stop_token_ids),
-                             "sampling_seed": seed, "no_stop_trim": True})
-            top_n.append(self.top_logprobs_needed(p))
-            masks.append(truncates(p))
-        body = {"input_ids": [list(map(int, x)) for x in prompts], "sampling_params": sampling,
-                "return_logprob": True, "logprob_start_len": -1, "top_logprobs_num": top_n}
-        if native and any(masks):
-            body["return_sampling_mask"] = masks
-        return body
+    def _sampling(self, p: SamplingParams, seed: int) -> dict:
+        greedy = p.temperature == 0
+        if truncates(p) and not greedy and not 1 <= p.top_k <= self.mask_cap:
+            raise SGLangError(
+                f"top_p={p.top_p} top_k={p.top_k}: sglang {PINNED} returns the kept set only with "
+                f"1 <= top_k <= --sampling-mask-max-tokens ({self.mask_cap}); set "
+                "tasks.sampling.top_k" + (" lower" if p.top_k > 0 else "") + " (<= train.support_k)")
+        return {"temperature": 0.0 if greedy else p.temperature, "top_p": p.top_p,
+                "top_k": 1 if greedy else (p.top_k if p.top_k > 0 else -1), **NEUTRAL,
+                "max_new_tokens": p.max_new_tokens, "stop_token_ids": list(p.stop_token_ids),
+                "sampling_seed": seed, "no_stop_trim": True}
 
     def generate(self, prompts: Sequence[Sequence[int]],
                  params: SamplingParams | Sequence[SamplingParams]) -> list[Completion]:
@@ -156,45 +232,49 @@ class SGLangBackend(ServerBackend):
         plist, seeds = self.per_request(prompts, params)
         if not prompts:
             return []
-        try:
-            out = self._request("POST", "/generate",
-                                self._payload(prompts, plist, seeds, self.native_sampling_mask))
-        except SGLangError as e:
-            if not (self.native_sampling_mask and "return_sampling_mask" in str(e)):
-                raise
-            # A server without the sampling-mask primitive: rebuild supports from top logprobs.
-            self.native_sampling_mask = False
-            out = self._request("POST", "/generate", self._payload(prompts, plist, seeds, False))
+        masks = [truncates(p) for p in plist]
+        body = {"input_ids": [list(map(int, x)) for x in prompts],
+                "sampling_params": [self._sampling(p, s) for p, s in zip(plist, seeds, strict=True)],
+                "return_logprob": True, "logprob_start_len": -1,
+                "top_logprobs_num": [p.head_k for p in plist], "return_sampling_mask": masks,
+                "sampling_logprobs_mode": ["support" if m else None for m in masks]}
+        items = self._items(self._request("POST", "/generate", body), len(prompts))
+        return [self._completion(i, list(map(int, prompt)), p, seed, item)
+                for i, (prompt, p, seed, item) in enumerate(zip(prompts, plist, seeds, items,
+                                                                strict=True))]
+
+    @staticmethod
+    def _items(out, n: int) -> list:
         if isinstance(out, dict):
             out = [out]
-        if not isinstance(out, list) or len(out) != len(prompts):
+        if not isinstance(out, list) or len(out) != n:
             raise SGLangError(f"/generate answered {type(out).__name__} of "
-                              f"{len(out) if isinstance(out, list) else 1} items for "
-                              f"{len(prompts)} prompts")
-        return [self._completion(i, list(map(int, prompt)), p, seed, item)
-                for i, (prompt, p, seed, item) in enumerate(zip(prompts, plist, seeds, out,
-                                                                strict=True))]
+                              f"{len(out) if isinstance(out, list) else 1} items for {n} prompts")
+        return out
 
     def _completion(self, index: int, prompt: list[int], p: SamplingParams, seed: int,
                     item: dict) -> Completion:
         try:
             meta = item["meta_info"]
+            finish = meta.get("finish_reason") or {}
+            if finish.get("type") == "abort":
+                raise SGLangError(f"request {index} aborted by the server: {finish.get('message')}")
             token_ids = [int(t) for t in item["output_ids"]]
             token_lp = meta["output_token_logprobs"]
-            top = meta.get("output_top_logprobs") or [[] for _ in token_ids]
-            finish = meta.get("finish_reason") or {}
-        except (KeyError, TypeError) as e:
-            raise SGLangError(f"/generate item {index} lacks {e} (was return_logprob honoured?)") from None
-        if finish.get("type") == "abort":
-            raise SGLangError(f"request {index} aborted by the server: {finish.get('message')}")
+            top = meta.get("output_top_logprobs") if p.head_k else None
+            top = top if top is not None else [[] for _ in token_ids]
+            kept_set = truncates(p)
+            masks = meta["output_token_sampling_mask"] if kept_set else None
+            mask_lp = meta["output_token_sampling_logprobs"] if kept_set else None
+        except (KeyError, TypeError, AttributeError) as e:
+            raise SGLangError(f"/generate item {index} lacks {e} (was sglang>={PINNED} asked for "
+                              "return_logprob and return_sampling_mask?)") from None
         n = len(token_ids)
-        if len(token_lp) != n or len(top) != n:
-            raise SGLangError(f"request {index}: {n} output ids but {len(token_lp)} logprobs and "
-                              f"{len(top)} top-logprob lists")
-        kept_set = truncates(p)
+        lengths = {len(token_lp), len(top), *((len(masks), len(mask_lp)) if kept_set else ())}
+        if lengths != {n}:
+            raise SGLangError(f"request {index}: {n} output ids but per-token lists of lengths "
+                              f"{sorted(lengths)}")
         out = new_completion(index, prompt, p, seed, stopped=finish.get("type") == "stop")
-        masks = meta.get("output_token_sampling_mask")
-        mask_lp = meta.get("output_token_sampling_logprobs")
         for t, x in enumerate(token_ids):
             lq, tok = float(token_lp[t][0]), int(token_lp[t][1])
             if tok != x:
@@ -205,58 +285,35 @@ class SGLangBackend(ServerBackend):
             if not kept_set:
                 out.logprobs.append(lq)
                 continue
-            if masks is not None and mask_lp is not None:
-                ids, lb = self._native_support(index, t, x, lq, masks[t], float(mask_lp[t]), ranked)
-            else:
-                ids, lb = self._rebuilt_support(index, t, x, p, ranked)
+            ids, lb = self._support(index, t, x, lq, masks[t], mask_lp[t], ranked)
             out.support_ids.append(ids)
             out.support_logprobs.append(lb)
             out.logprobs.append(lb[ids.index(x)])
-        out.versions = self._versions(meta, n)
+        out.versions = token_versions(meta.get("weight_versions"),
+                                      as_version(meta.get("weight_version"), self.version), n)
         return out
 
     @staticmethod
-    def _native_support(index, t, x, lq, mask, lb_x, ranked):
-        logq = {i: v for v, i in ranked}
-        ids = sorted((int(s) for s in mask), key=lambda s: -logq.get(s, -math.inf))
-        if x not in ids:
+    def _support(index: int, t: int, x: int, lq: float, mask, mask_lp, ranked):
+        """The kept set and log b over it, checked against log q (see the module doc)."""
+        try:
+            ids, lb = [int(s) for s in mask], [float(v) for v in mask_lp]
+        except TypeError:
+            raise SGLangError(f"request {index} position {t}: the sampling mask has no support "
+                              "logprobs (sampling_logprobs_mode 'support' needs sglang>="
+                              f"{PINNED})") from None
+        if len(ids) != len(lb) or x not in ids:
             raise SGLangError(f"request {index} position {t}: sampled token {x} is outside its "
-                              "sampling mask")
-        missing = [s for s in ids if s not in logq]
-        if missing:
-            raise SGLangError(f"request {index} position {t}: the sampling mask has "
-                              f"{len(ids)} tokens but only {len(ranked)} top logprobs came back; "
-                              "raise support_logprobs_num")
-        log_mass = lq - lb_x  # log q(S) = log q(x) - log b(x)
-        return ids, [logq[s] - log_mass for s in ids]
-
-    @staticmethod
-    def _rebuilt_support(index, t, x, p: SamplingParams, ranked):
-        # SGLang's rule on q: rank < top_k and probability mass before the token <= top_p.
-        k = 1 if p.temperature == 0 else (p.top_k if p.top_k > 0 else math.inf)
-        top_p = 1.0 if p.temperature == 0 else p.top_p
-        kept, before, closed = [], 0.0, False
-        for rank, (v, i) in enumerate(ranked):
-            if rank >= k or before > top_p:
-                closed = True
-                break
-            kept.append((v, i))
-            before += math.exp(v)
-        closed = closed or before > top_p or len(kept) >= k  # the next token would be cut
-        if not closed:
-            raise SGLangError(f"request {index} position {t}: {len(ranked)} top logprobs do not "
-                              "reach the end of the top-p set; raise support_logprobs_num")
-        ids = [i for _, i in kept]
-        if x not in ids:
-            raise SGLangError(f"request {index} position {t}: sampled token {x} is outside the "
-                              "top-k/top-p set rebuilt from the top logprobs")
-        m = max(v for v, _ in kept)
-        log_mass = m + math.log(sum(math.exp(v - m) for v, _ in kept))
-        return ids, [v - log_mass for v, _ in kept]
-
-    def _versions(self, meta: dict, n: int) -> list[int]:
-        single = as_version(meta.get("weight_version"), self.version)
-        return token_versions(meta.get("weight_versions"), single, n)
+                              f"sampling mask of {len(ids)} ids ({len(lb)} logprobs)")
+        log_mass = lq - lb[ids.index(x)]  # log q(S) = log q(x) - log b(x)
+        b = dict(zip(ids, lb, strict=True))
+        worst = max((abs(v - b[i] - log_mass) for v, i in ranked if i in b), default=0.0)
+        if worst > SEMANTICS_TOL or not math.isfinite(log_mass):
+            raise SGLangError(f"request {index} position {t}: log q - log b differs by {worst:.3g} "
+                              "across the kept set, so the output logprobs are not the sampled "
+                              "distribution's after temperature (is SGLANG_RETURN_ORIGINAL_LOGPROB "
+                              "set on the server? unset it)")
+        return ids, lb
 
 
 def sglang_available() -> bool:
