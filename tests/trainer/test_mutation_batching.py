@@ -98,9 +98,64 @@ def test_staleness_support_and_heads_are_copied_per_token():
     assert np.asarray(batch.group_ids).tolist() == [3, 3, 0, 0]
     assert np.asarray(batch.head_ids).tolist() == [[0, 1]] * 4  # head_k=2 of the sample's 3
     assert np.asarray(batch.support_ids).tolist() == [[7, 8], [9, 10], [-1, -1], [-1, -1]]
+    inf = float("-inf")  # padding: no support kept (truncation off), no head entry
+    assert np.asarray(batch.support_logprobs).tolist() == [[-0.5, -0.5]] * 2 + [[inf, inf]] * 2
+    _, wide, _ = _pack(samples, head_k=4, max_tokens=4)
+    assert np.asarray(wide.head_ids)[:, 3].tolist() == [-1] * 4
+    assert np.asarray(wide.head_logprobs)[:, 3].tolist() == [inf] * 4
     assert np.asarray(batch.behavior_logprob).tolist() == [-1.0, -2.0, -1.0, -2.0]
     # exactly max_staleness behind is still trained
     _, batch, _ = _pack([_sample(6, 2, version=3)], max_tokens=2, trainer_version=5, max_staleness=2)
     assert np.asarray(batch.loss_mask).tolist() == [1.0, 1.0]
     with pytest.raises(ValueError, match="support of 2 ids exceeds support_k=1"):
         _pack([_sample(6, 2, support=2)], support_k=1)
+    wide_support = _sample(6, 2, support=2)
+    wide_support.support_indptr = np.array([0, 1, 4], np.int32)  # token 1 keeps 3 ids
+    with pytest.raises(ValueError, match="^sample 1 token 1: support of 3 ids exceeds support_k=2$"):
+        _pack([_sample(6, 2), wide_support], support_k=2)
+
+
+def _record(policy: int, *, support: bool, reward: float | None = 0.5):
+    from trainer_jax.service.validation import TrajectoryRecord
+
+    nnz = 2 * policy if support else 0
+    return TrajectoryRecord(
+        task_id=7, sample_index=2, token_ids=np.arange(10, 10 + policy + 1, dtype=np.int32),
+        loss_mask=np.array([1] * policy + [0], np.uint8), logprobs=np.full(policy, -0.25, np.float32),
+        logprobs_full=np.full(policy, -0.25, np.float32), versions=np.full(policy, 3, np.int32),
+        head_ids=np.zeros((policy, 2), np.int32), head_logprobs=np.zeros((policy, 2), np.float32),
+        support_indptr=np.arange(policy + 1, dtype=np.int32) * 2 if support else None,
+        support_ids=np.arange(nnz, dtype=np.int32) if support else None,
+        support_logprobs=np.full(nnz, -0.7, np.float32) if support else None,
+        reward=reward, sampler_reward=None, finish_reason="stop", queue_ms=0.0, generate_ms=0.0, nbytes=0)
+
+
+def test_from_record_puts_the_prompt_first_and_fills_an_absent_support():
+    s = Sample.from_record(_record(3, support=False), [1, 2], group_index=4)
+    assert s.token_ids.tolist() == [1, 2, 10, 11, 12, 13] and s.loss_mask.tolist() == [0, 0, 1, 1, 1, 0]
+    assert s.support_indptr.tolist() == [0, 0, 0, 0]
+    assert s.support_ids.shape == (0,) and s.support_ids.dtype == np.int32
+    assert s.support_logprobs.shape == (0,) and s.support_logprobs.dtype == np.float32
+    assert (s.reward, s.group, s.task_id, s.sample_index) == (0.5, 4, 7, 2)
+    kept = Sample.from_record(_record(3, support=True, reward=None), [1], group_index=0)
+    assert kept.support_indptr.tolist() == [0, 2, 4, 6] and kept.support_ids.tolist() == list(range(6))
+    assert kept.support_logprobs.tolist() == [pytest.approx(-0.7)] * 6 and kept.reward == 0.0
+
+
+def test_long_samples_are_checked_by_value():
+    # 300 policy tokens: past the small integers CPython caches (an identity test would differ)
+    s = _sample(301, 300)
+    assert s.num_policy_tokens == 300
+    assert (s.reward, s.group, s.task_id, s.sample_index) == (0.0, 0, 0, 0)  # the defaults
+    with pytest.raises(ValueError, match="support_indptr must have policy tokens \\+ 1 entries"):
+        Sample(**{**s.__dict__, "support_indptr": np.zeros(300, np.int32)})
+    with pytest.raises(ValueError, match="logprobs has 299 entries for 300 policy tokens"):
+        Sample(**{**s.__dict__, "logprobs": np.zeros(299, np.float32)})
+
+
+def test_pack_sequences_masks_exactly_each_sequences_targets():
+    seqs = [([1, 2, 3, 4], [0, 1, 1, 1])] * 3  # 3 targets each: the second starts at n=3
+    inputs, targets, mask, count = pack_sequences(seqs, rows=1, row_len=32, max_tokens=10)
+    assert count == 3 and mask.tolist() == [1.0] * 9 + [0.0]
+    assert targets.tolist() == [2, 3, 4] * 3 + [0]
+    assert np.asarray(inputs.token_cols).tolist() == [0, 1, 2, 4, 5, 6, 8, 9, 10, 0]
