@@ -22,7 +22,8 @@ def test_external_sampler_example(tmp_path, monkeypatch):
                       re.S).group(1)
     svc = RolloutService.from_config(load_config(None, [
         "service.listen=127.0.0.1:0", "tasks.group_size=2", "tasks.sampling.top_p=0.9",
-        "tasks.sampling.head_k=5", "tasks.sampling.max_new_tokens=6"]), token="doc-token").start()
+        "tasks.sampling.top_k=32", "tasks.sampling.head_k=5", "tasks.sampling.max_new_tokens=6"]),
+        token="doc-token").start()
     monkeypatch.setenv("MIXRL_TRAINER", svc.address)
     monkeypatch.setenv("MIXRL_TOKEN", "doc-token")
     loaded = []
@@ -30,7 +31,7 @@ def test_external_sampler_example(tmp_path, monkeypatch):
 
     def my_generate(prompt_ids, sampling, seed):
         rec = fake_records(4, svc.vocab_size, sampling.head_k, rng, top_p=sampling.top_p,
-                           version=ns.get("version", 0))
+                           top_k=sampling.top_k, version=ns.get("version", 0))
         return {**rec, "finish_reason": "length"}
 
     ns = {"my_generate": my_generate, "load_weights": lambda path, v: loaded.append((path, v))}

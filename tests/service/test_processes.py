@@ -80,7 +80,7 @@ def test_fleet_exactly_once_with_kill_and_weight_versions(tmp_path, versions):
     cfg = load_config(None, [
         "service.listen=127.0.0.1:0", "service.session_ttl_s=1.5", "service.heartbeat_s=0.3",
         "tasks.group_size=2", "tasks.sampling.max_new_tokens=4", "tasks.sampling.head_k=8",
-        "tasks.sampling.top_p=0.9"])
+        "tasks.sampling.top_p=0.9", "tasks.sampling.top_k=32"])
     svc = RolloutService.from_config(cfg, token=TOKEN).start()
     svc.publish_version(0, versions[0])
     groups, stop = [], threading.Event()

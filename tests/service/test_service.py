@@ -124,7 +124,7 @@ def test_bearer_token_required_except_health_and_reflection(service_factory):
 
 @pytest.fixture(scope="module")
 def hostile_service():
-    svc = make_service("tasks.group_size=1", "tasks.sampling.top_p=0.8",
+    svc = make_service("tasks.group_size=1", "tasks.sampling.top_p=0.8", "tasks.sampling.top_k=32",
                        "service.limits.max_outstanding_per_sampler=100000")
     c = client(svc, capacity=100000)
     c.register()

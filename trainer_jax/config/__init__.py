@@ -80,6 +80,13 @@ class RunConfig(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _kept_sets_fit(self) -> RunConfig:
+        from trainer_jax.config.checks import check_kept_sets  # it imports this module
+
+        check_kept_sets(self)
+        return self
+
+    @model_validator(mode="after")
     def _kernel_option_names(self) -> RunConfig:
         # A misspelt objective.kernel_options name (block_vv) failed at the first step: the names
         # are its implementation's keyword parameters (impl auto: those some implementation

@@ -1,4 +1,5 @@
-"""Checks of a loaded config against the files it names, before anything starts (``mixrl-train``).
+"""Checks of a loaded config against the files it names, before anything starts (``mixrl-train``),
+and ``check_kept_sets``, which ``load_config`` runs on every config (it needs no files).
 
 ``load_config`` validates what a config says; some keys name files that only the machine that
 trains has (a model directory: the shipped configs name ones that do not exist here), so they are
@@ -49,4 +50,24 @@ def check_model_files(cfg: RunConfig) -> None:
                           f"tasks env {'/'.join(needing)} needs")
 
 
-__all__ = ["TEMPLATE_ENVS", "check_model_files"]
+def check_kept_sets(cfg: RunConfig) -> None:
+    """Every kept set a sampler records must fit the learner's ``train.support_k`` columns.
+
+    Top-p alone bounds a kept set by nothing but the vocabulary, so ``tasks.sampling.top_p < 1``
+    with ``objective.top_p_replay`` needs ``0 < tasks.sampling.top_k <= train.support_k`` (SGLang
+    also returns a kept set only with a finite top-k); a top-k above ``train.support_k`` would have
+    every truncated sample refused. Evaluation samples with ``tasks.sampling`` too. A set that
+    still does not fit is refused at submission (``trainer_jax.service.validation``). Raises
+    ``ConfigError`` naming the keys.
+    """
+    s, k = cfg.tasks.sampling, cfg.train.support_k
+    if s.top_p < 1 and cfg.objective.top_p_replay and not 0 < s.top_k <= k:
+        raise ConfigError(f"tasks.sampling.top_p {s.top_p} < 1 with objective.top_p_replay needs "
+                          f"0 < tasks.sampling.top_k <= train.support_k ({k}), got top_k {s.top_k}: "
+                          "top-p alone does not bound the kept set")
+    if s.top_k > k:
+        raise ConfigError(f"tasks.sampling.top_k {s.top_k} > train.support_k {k}: every kept set "
+                          "of top_k ids would be refused; raise train.support_k or lower top_k")
+
+
+__all__ = ["TEMPLATE_ENVS", "check_kept_sets", "check_model_files"]

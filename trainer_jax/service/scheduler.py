@@ -73,6 +73,7 @@ class Scheduler:
         self._done: collections.OrderedDict[tuple[str, int], str] = collections.OrderedDict()
         self._expired: collections.OrderedDict[str, str] = collections.OrderedDict()
         self.totals = collections.Counter()
+        self.max_support: int | None = None  # train.support_k (RolloutService.from_config)
 
     # ---------------------------------------------------------------- sessions
 
@@ -300,7 +301,7 @@ class Scheduler:
                 vocab_size=self.vocab_size, head_k=spec.sampling.head_k,
                 truncation=spec.sampling.truncates(self.vocab_size),
                 max_tokens=self.cfg.limits.max_trajectory_tokens, max_policy_tokens=spec.max_policy_tokens,
-                current_version=self.current_version)
+                current_version=self.current_version, max_support=self.max_support)
             return s, spec, ctx
 
     def _check_lease(self, s: Session, msg: pb.Trajectory) -> Lease:

@@ -448,7 +448,9 @@ class RolloutService:
         if vocab is None:
             raise ValueError("service.vocab_size: cannot infer the vocabulary size (no weights_dir, and the "
                              "task source has no tokenizer); set it")
-        return cls(cfg.service, source, token=token, vocab_size=vocab, listen=listen)
+        svc = cls(cfg.service, source, token=token, vocab_size=vocab, listen=listen)
+        svc.scheduler.max_support = cfg.train.support_k  # a larger kept set is refused, counted
+        return svc
 
 
 def _weights_vocab(weights_dir: str | None) -> int | None:

@@ -43,6 +43,8 @@ class ValidationContext:
     max_tokens: int
     max_policy_tokens: int | None
     current_version: int
+    # The learner's ``train.support_k``: a larger kept set could not be packed (None: no limit).
+    max_support: int | None = None
 
 
 @dataclasses.dataclass
@@ -245,6 +247,10 @@ def _validate_support(msg: WireTrajectory, ctx: ValidationContext, p: int, sampl
     lengths = np.diff(indptr)
     if bool((lengths < 1).any()):
         raise ValidationError("support_indptr", "every token needs a non-empty support (increasing offsets)")
+    if ctx.max_support is not None and int(lengths.max()) > ctx.max_support:
+        t = int(np.argmax(lengths > ctx.max_support))
+        raise ValidationError("support_indptr", f"the kept set at policy position {t} has {int(lengths[t])} "
+                                                f"ids, more than train.support_k = {ctx.max_support}")
     _ids_in_range("support_ids", ids, ctx.vocab_size)
     lps = _arr(msg, "support_logprobs", "float32", 1)
     _expect_shape("support_logprobs", lps, (nnz,))
