@@ -22,8 +22,9 @@ machines, so nothing here was observed live):
   positions, recorded when ``/update_weights_from_disk`` changes the version mid-request.
 - ``/server_info`` (``entrypoints/http_server.py``): the resolved server arguments plus
   ``"version"``; ``/model_info``: ``model_path`` and ``weight_version`` now served.
-- ``/pause_generation`` ``{"mode": "abort" | "retract" | "in_place"}`` (modes from 0.5.14;
-  ``managers/io_struct.py`` ``PauseGenerationReqInput``), ``/continue_generation``.
+- ``/pause_generation`` ``{"mode": "abort" | "retract" | "in_place"}`` (``managers/io_struct.py``
+  ``PauseGenerationReqInput``; the modes are there in 0.5.14, 0.5.5 has the route without them),
+  ``/continue_generation``.
 - ``/weights_checker`` ``{"action": "checksum"}`` -> ``per_engine_checksum`` (sha256 over the
   per-rank tensor hashes; ``managers/tokenizer_control_mixin.py`` ``check_weights``).
 
