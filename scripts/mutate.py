@@ -67,6 +67,9 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
     "router": (["trainer_jax/service/router.py"], ["tests/service/test_service.py"]),
 }
 LATER = {"sandbox", "rewards", "router"}
+# Survivors judged equivalent (no test can tell them apart), each with why: [{"file", "code" (the
+# line, stripped), "mutant" (the mutated line, or "*": any mutant of that line), "why"}].
+EQUIVALENT = Path(__file__).with_name("mutate_equivalent.json")
 PYTEST = "-m pytest -x -q -p no:cacheprovider -m 'not slow and not gpu'"
 
 
@@ -173,11 +176,23 @@ def _cosmic_ray() -> list[str]:
     return [str(exe)] if exe.exists() else [PY, "-m", "cosmic_ray.cli"]
 
 
+def _changed_lines(diff: str) -> tuple[str, str]:
+    """The mutated line as it was and as the mutant has it (stripped; "" for a removed line)."""
+    lines = diff.splitlines()
+
+    def first(sign: str) -> str:
+        return next((ln[1:].strip() for ln in lines
+                     if ln.startswith(sign) and not ln.startswith(sign * 3) and ln[1:].strip()), "")
+    return first("-"), first("+")
+
+
 def report(db: Path, name: str, meta: dict) -> dict:
     from cosmic_ray.work_db import WorkDB, use_db
     from cosmic_ray.work_item import TestOutcome, WorkerOutcome
 
-    counts = {"killed": 0, "survived": 0, "timeout": 0, "incompetent": 0, "pending": 0}
+    counts = {"killed": 0, "survived": 0, "equivalent": 0, "timeout": 0, "incompetent": 0, "pending": 0}
+    known = {(e["file"], e["code"], e["mutant"]): e["why"]
+             for e in json.loads(EQUIVALENT.read_text())} if EQUIVALENT.exists() else {}
     survivors = []
     with use_db(str(db), WorkDB.Mode.open) as work_db:
         total = work_db.num_work_items
@@ -192,10 +207,13 @@ def report(db: Path, name: str, meta: dict) -> dict:
             elif r.worker_outcome != WorkerOutcome.NORMAL or r.test_outcome == TestOutcome.INCOMPETENT:
                 counts["incompetent"] += 1
             elif r.test_outcome == TestOutcome.SURVIVED:
-                counts["survived"] += 1
+                line, mutant = _changed_lines(r.diff)
+                path = str(m.module_path)
+                why = known.get((path, line, mutant)) or known.get((path, line, "*"))
+                counts["equivalent" if why else "survived"] += 1
                 survivors.append({"file": str(m.module_path), "operator": m.operator_name,
-                                  "occurrence": m.occurrence, "line": m.start_pos[0],
-                                  "diff": r.diff})
+                                  "occurrence": m.occurrence, "line": m.start_pos[0], "code": line,
+                                  "mutant": mutant, "equivalent": why})
             elif (r.output or "").strip() == "timeout":
                 counts["timeout"] += 1
             else:
@@ -203,6 +221,7 @@ def report(db: Path, name: str, meta: dict) -> dict:
     run = counts["killed"] + counts["survived"] + counts["timeout"]
     out = {"module": name, **meta, "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
            "mutants_total": total, "sample_size": meta["sample"] or total, **counts,
+           # killed (a timeout is a kill) of the non-equivalent mutants run
            "score": round((counts["killed"] + counts["timeout"]) / run, 3) if run else None,
            "survivors": sorted(survivors, key=lambda s: (s["file"], s["line"]))}
     return out
@@ -228,14 +247,31 @@ def mutate(name: str, *, workdir: Path, results: Path, sample: int | None, seed:
     subprocess.run(["nice", "-n", "19", *_cosmic_ray(), "exec", str(config), str(db)], cwd=clone,
                    env=test_env(clone), check=True)
     _run(["git", "-C", str(clone), "reset", "-q", "--hard", commit])  # no mutant left behind
-    out = report(db, name, meta)
-    out["baseline_s"] = round(took, 1)
+    return write_report(db, name, meta, results, baseline_s=round(took, 1))
+
+
+def write_report(db: Path, name: str, meta: dict, results: Path, **extra) -> dict:
+    out = {**report(db, name, meta), **extra}
     results.mkdir(parents=True, exist_ok=True)
     (results / f"{name}.json").write_text(json.dumps(out, indent=1) + "\n")
     print(f"mutate {name}: {out['killed']} killed, {out['timeout']} timeout, {out['survived']} survived, "
+          f"{out['equivalent']} equivalent, "
           f"{out['incompetent']} incompetent of {out['sample_size']} (of {out['mutants_total']}); "
           f"-> {results / (name + '.json')}")
     return out
+
+
+def table(results: Path) -> str:
+    """The per-module scores in ``results`` as the markdown table docs/testing.md holds."""
+    rows = ["| module | killed | timeout | survived | equivalent | score | sample (of all) | commit | date |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for path in sorted(results.glob("*.json")):
+        r = json.loads(path.read_text())
+        rows.append(f"| {r['module']} | {r['killed']} | {r['timeout']} | {r['survived']} | "
+                    f"{r.get('equivalent', 0)} | "
+                    f"{r['score']:.0%} | {r['sample_size']} ({r['mutants_total']}), seed {r['seed']} | "
+                    f"{r['commit'][:7]} | {r['date']} |")
+    return "\n".join(rows)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -248,7 +284,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, help="seconds per mutant (default: 3x the baseline + 15)")
     ap.add_argument("--workdir", type=Path, default=Path(os.environ.get("MUTATE_DIR", "/tmp/mixrl-mutate")))
     ap.add_argument("--results", type=Path, default=REPO / "docs" / "mutation")
+    ap.add_argument("--report", action="store_true",
+                    help="write the results of the existing sessions again (after editing "
+                         f"{EQUIVALENT.name}) without running anything")
+    ap.add_argument("--table", action="store_true", help="print the results as a markdown table and exit")
     args = ap.parse_args(argv)
+    if args.table:
+        print(table(args.results))
+        return 0
+    if args.report:
+        for name in args.module or sorted(MODULES):
+            db = args.workdir / "sessions" / f"{name}.sqlite"
+            if db.exists():
+                write_report(db, name, json.loads(db.with_suffix(".meta.json").read_text()), args.results)
+        return 0
     if args.sample is not None and args.sample <= 0:
         ap.error("--sample must be > 0")
     if args.workdir.resolve().is_relative_to(REPO):
