@@ -19,7 +19,9 @@ sample size, and every survivor with its diff (what a new test has to catch).
 from __future__ import annotations
 
 import argparse
+import ast
 import datetime
+import functools
 import json
 import os
 import random
@@ -186,6 +188,26 @@ def _changed_lines(diff: str) -> tuple[str, str]:
     return first("-"), first("+")
 
 
+@functools.cache
+def _annotation_spans(clone: Path, commit: str, path: str) -> tuple[tuple[tuple[int, int], ...], ...]:
+    """Where the annotations of ``path`` at ``commit`` are, when its ``from __future__ import
+    annotations`` means they are never evaluated (a mutant inside one is equivalent); else ()."""
+    tree = ast.parse(_run(["git", "-C", str(clone), "show", f"{commit}:{path}"]).stdout)
+    if not any(isinstance(n, ast.ImportFrom) and n.module == "__future__"
+               and any(a.name == "annotations" for a in n.names) for n in tree.body):
+        return ()
+    found = []
+    for node in ast.walk(tree):
+        notes = []
+        if isinstance(node, ast.arg | ast.AnnAssign):
+            notes.append(node.annotation)
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            notes.append(node.returns)
+        found += [((a.lineno, a.col_offset), (a.end_lineno, a.end_col_offset))
+                  for a in notes if a is not None]
+    return tuple(found)
+
+
 def report(db: Path, name: str, meta: dict) -> dict:
     from cosmic_ray.work_db import WorkDB, use_db
     from cosmic_ray.work_item import TestOutcome, WorkerOutcome
@@ -209,7 +231,10 @@ def report(db: Path, name: str, meta: dict) -> dict:
             elif r.test_outcome == TestOutcome.SURVIVED:
                 line, mutant = _changed_lines(r.diff)
                 path = str(m.module_path)
-                why = known.get((path, line, mutant)) or known.get((path, line, "*"))
+                why = known.get((path, line, mutant)) or known.get((path, line, "*")) or (
+                    "inside an annotation, never evaluated (from __future__ import annotations)"
+                    if any(lo <= tuple(m.start_pos) < hi for lo, hi in _annotation_spans(
+                        db.parent.parent / "clone", meta["commit"], path)) else None)
                 counts["equivalent" if why else "survived"] += 1
                 survivors.append({"file": str(m.module_path), "operator": m.operator_name,
                                   "occurrence": m.occurrence, "line": m.start_pos[0], "code": line,

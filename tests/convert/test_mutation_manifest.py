@@ -51,7 +51,7 @@ def test_sha256_of_a_path_and_of_a_descriptor_across_chunks(tmp_path):
 
 
 def test_build_and_write_list_every_file_but_the_manifest(export):
-    manifest = write_manifest(export, format="bf16", step=3)
+    manifest = write_manifest(root=export, format="bf16", step=3)  # root by keyword too
     assert manifest == {
         "manifest_version": 1, "format": "bf16", "step": 3,
         "files": {"config.json": {"sha256": _sha(b'{"a": 1}'), "size": 8},
@@ -92,8 +92,10 @@ def test_read_manifest_names_what_is_wrong(export, tmp_path):
 def test_check_manifest_reports_each_difference(export):
     assert check_manifest(export) == [f"{export / MANIFEST_NAME}: missing (an export is complete only "
                                       "with its manifest)"]
+    (export / "tail.bin").write_bytes(b"123456")
     write_manifest(export)
     assert check_manifest(export) == []
+    (export / "tail.bin").write_bytes(b"123")  # truncated
     (export / "extra.txt").write_text("x")
     (export / "empty").unlink()
     (export / "config.json").write_bytes(b'{"a": 12}')  # one byte longer
@@ -105,8 +107,9 @@ def test_check_manifest_reports_each_difference(export):
         f"{export / 'extra.txt'}: not listed in manifest.json",
         f"{export / 'config.json'}: size 9 bytes, manifest.json says 8 (truncated or replaced)",
         f"{export / 'empty'}: listed in manifest.json but missing",
+        f"{export / 'tail.bin'}: size 3 bytes, manifest.json says 6 (truncated or replaced)",
         f"{shard}: sha256 {new[:16]}... does not match manifest.json ({old[:16]}...); corrupt"]
-    assert check_manifest(export, hashes=False) == problems[:3]  # sizes only: no hashing
+    assert check_manifest(export, hashes=False) == problems[:4]  # sizes only: no hashing
 
 
 def test_check_relative_refuses_paths_that_escape():
@@ -121,9 +124,11 @@ def test_verify_files_checks_only_the_listed_ones(export):
     files = {"config.json": (8, _sha(b'{"a": 1}')), "sub/shard.bin": (100, _sha(b"\x00\x01" * 50))}
     assert verify_files(export, files) == []  # "empty" is not listed: extras are allowed
     bad = {**files, "gone": (1, "00"), "../up": (1, "00"), "config.json": (9, _sha(b'{"a": 1}')),
-           "sub/shard.bin": (100, _sha(b"other"))}
+           "sub/shard.bin": (100, _sha(b"other")), "empty": (0, _sha(b""))}
+    (export / "empty").write_bytes(b"x")  # longer than listed
     assert verify_files(export, bad) == [
         "manifest path '../up' escapes the weights directory",
         f"{export / 'config.json'}: size 8 bytes, the manifest says 9",
+        f"{export / 'empty'}: size 1 bytes, the manifest says 0",
         f"{export / 'gone'}: missing",
         f"{export / 'sub/shard.bin'}: sha256 does not match the manifest (corrupt)"]

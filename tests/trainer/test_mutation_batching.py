@@ -30,7 +30,7 @@ def _pack(samples, advantages=None, **kw):
                 trainer_version=0)
     args.update(kw)
     adv = np.arange(1, len(samples) + 1, dtype=np.float32) if advantages is None else advantages
-    return pack(samples, adv, **args)
+    return pack(samples=samples, advantages=adv, **args)  # every parameter by keyword too
 
 
 def test_a_sample_that_exactly_fills_a_row_is_packed():
