@@ -138,6 +138,7 @@ class SamplerLoop:
         if ack is not None and ack.action == pb.ProbeAck.REVOKED:
             log.error("the trainer revoked this sampler: %s", ack.reason)
             self.stop()
+            self.client.request_stop()  # no retry may register a new session behind its back
 
     def start_background(self) -> None:
         self._threads.append(self.client.start_heartbeat(

@@ -57,7 +57,6 @@ from trainer_jax.parallel.mesh import describe, make_mesh
 from trainer_jax.parallel.rules import ShardingRules
 from trainer_jax.policy import build_policy, check_layout
 from trainer_jax.probe import Prober
-from trainer_jax.service.probe_report import probe_line, probe_metrics, probe_summary
 from trainer_jax.progress import StepProgress
 from trainer_jax.publisher import Publisher, snapshot
 from trainer_jax.resume import (
@@ -69,6 +68,7 @@ from trainer_jax.resume import (
 )
 from trainer_jax.samplers import LocalSamplers
 from trainer_jax.service.auth import TokenError, read_token_file, run_token, write_token_file
+from trainer_jax.service.probe_report import lag_alarms, probe_line, probe_metrics, probe_summary
 from trainer_jax.service.server import RolloutService
 from trainer_jax.service.tasks import build_task_source
 from trainer_jax.sft import warm_start
@@ -160,6 +160,7 @@ class Trainer:
                                    "metrics.discarded.jsonl")
         self.sink = MetricsSink(run, wandb=cfg.logging.wandb.model_dump() if cfg.logging.wandb else None)
         self.alarms = CollapseAlarms(settle_steps=alarm_settle_steps(cfg.optimizer.warmup_steps))
+        self._probe_alarms_seen = 0  # probe reports above their bound already printed
         self.source = build_task_source(cfg.tasks, tokenizer=self.tokenizer)
         self.source.cursor = int(self.meta["task_cursor"])
         # train.sync: the service sees the source through a version gate (trainer_jax.sync).
@@ -457,6 +458,10 @@ class Trainer:
                     values.update(self.evaluate(f"step {step}"))
                 alarms = self.alarms.update(values["reward_mean"], values.get("k3"),
                                             values.get("termination/empty_reply", 0.0))
+                alarms += lag_alarms(values)
+                for line in self.service.probes.alarms[self._probe_alarms_seen:]:
+                    progress.print(f"[red]alarm[/red] step {step}: {line}")
+                self._probe_alarms_seen = len(self.service.probes.alarms)
                 for alarm in self.alarms.transitions(alarms):
                     progress.print(f"[red]alarm[/red] step {step}: {alarm}")
                 values["alarms"] = len(alarms)

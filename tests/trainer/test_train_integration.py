@@ -78,6 +78,17 @@ def test_train_publish_and_resume(tmp_path):
     assert calibration["data"] == "trajectories" and calibration["source_version"] == 3
     assert "model.layers.0.self_attn.k_scale" in HFCheckpoint(tmp_path / "v3").names()
     assert "weights: 4 versions" in out.stdout
+    # The version probe (docs/wire.md): every version carries probe.json in its manifest, both
+    # samplers scored it after each load; bf16 serves closer to the trainer than fp8 + fp8 KV.
+    assert "probe.json" in read_manifest(tmp_path / "v3")["files"]
+    assert {"group/bf16/probe_kl", "group/fp8/probe_kl", "group/fp8/verified_lag"} <= set(steps[-1])
+    probe = summary["probe"]
+    assert set(probe["groups"]) == {"bf16", "fp8"} and not probe["alarms"]
+    worst = {g: max(v["kl"] for v in probe["groups"][g].values()) for g in ("bf16", "fp8")}
+    assert 0 < worst["bf16"] < worst["fp8"], worst
+    for s in probe["samplers"]:  # every sampler verified the last version it loaded
+        assert s["verified_version"] == s["last_version"] >= 1 and not s["revoked"], s
+    assert (run_dir / "plots" / "probe_kl.png").exists()
     assert (run_dir / "plots" / "reward.png").exists()
     assert any((run_dir / "tensorboard").iterdir())
     for group in ("bf16", "fp8"):  # both samplers ran and had trajectories accepted

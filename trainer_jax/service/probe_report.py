@@ -40,6 +40,19 @@ def probe_metrics(status: dict, book: ProbeBook) -> dict[str, float]:
     return values
 
 
+#: a group whose samplers last verified this many versions ago or more raises an alarm
+LAG_ALARM = 3
+
+
+def lag_alarms(values: dict[str, float]) -> list[str]:
+    """Groups unverified for ``LAG_ALARM`` versions or more (reloads refused or doing nothing,
+    or samplers that do not report), as ``CollapseAlarms`` alarms (keyed by the text before the
+    colon, so each group's alarm prints when raised and when cleared)."""
+    return [f"group {k.split('/')[1]} unverified: its samplers last verified {v:.0f} versions "
+            "ago (reloads refused or no-op, or no probe reports)"
+            for k, v in sorted(values.items()) if k.endswith("/verified_lag") and v >= LAG_ALARM]
+
+
 def probe_line(values: dict[str, float]) -> str:
     """`` probe kl max 1.2e-04`` for the status line (empty before any report)."""
     kls = [v for k, v in values.items() if k.endswith("/probe_kl") and math.isfinite(v)]
@@ -65,4 +78,4 @@ def probe_summary(status: dict, book: ProbeBook) -> dict:
     return {"groups": by_group, "samplers": samplers, "alarms": list(book.alarms)}
 
 
-__all__ = ["probe_line", "probe_metrics", "probe_summary"]
+__all__ = ["LAG_ALARM", "lag_alarms", "probe_line", "probe_metrics", "probe_summary"]

@@ -107,8 +107,12 @@ class _Servicer(pb_grpc.RolloutServicer):
                 yield pv.to_pb()
                 after = pv.version
             # A stream outliving its session would hide a service restart from the sampler.
-            if request.session_id not in sched.sessions:
+            s = sched.sessions.get(request.session_id)
+            if s is None:
                 context.abort(grpc.StatusCode.NOT_FOUND, "session_id: session expired (register again)")
+            if s.revoked:
+                context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                              f"session_id: session revoked: {s.revoked_reason}")
 
     def FetchWeights(self, request, context):
         try:
