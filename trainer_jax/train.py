@@ -34,7 +34,6 @@ from rich.console import Console
 from convert.tokenizer import char_tokenizer, load_tokenizer, save_tokenizer_files, special_token_ids
 from mixrl_wire.recipes import BACKENDS
 from trainer_jax.batching import Sample, pack
-from trainer_jax.calibration import Calibrator, fp8_kv_formats, group_kv_pairs
 from trainer_jax.checkpoint import Checkpointer
 from trainer_jax.config import ConfigError, RunConfig
 from trainer_jax.diagnostics import CollapseAlarms, MetricsSink, alarm_settle_steps, plot_run
@@ -56,9 +55,9 @@ from trainer_jax.parallel.lockstep import (
 from trainer_jax.parallel.mesh import describe, make_mesh
 from trainer_jax.parallel.rules import ShardingRules
 from trainer_jax.policy import build_policy, check_layout
-from trainer_jax.probe import Prober
 from trainer_jax.progress import StepProgress
-from trainer_jax.publisher import Publisher, snapshot
+from trainer_jax.publisher import snapshot
+from trainer_jax.publishing import start_publisher
 from trainer_jax.resume import (
     StorageError,
     continue_versions,
@@ -343,34 +342,12 @@ class Trainer:
                                      probe=self.publisher.probes.get(version))
 
     def run(self) -> dict:
-        cfg = self.cfg
         self._setup()
         self._warm_start()
         if not self.leader:
             return follow(self)
         self._start_service()
-        wcfg = cfg.train.weights
-        # Calibrated scales (trainer_jax.calibration): on recent trajectories, on upcoming task
-        # prompts before the first one.
-        self.calibrator = Calibrator(self.model, wcfg.calibration_tokens,
-                                     kv_floor=wcfg.kv_scale_floor, prompts=lambda: [
-            self.source.spec(self.source.cursor + i).prompt_ids for i in range(16)],
-            collective=self._calibration_ids if self.lockstep.multi else None) \
-            if wcfg.calibrate else None
-        pcfg = cfg.service.probe
-        # The version probe (trainer_jax.probe): fixed prompts, the first tasks of the run.
-        self.prober = Prober([self.source.spec(i).prompt_ids for i in range(pcfg.prompts)],
-                             tokens=pcfg.tokens, seed=pcfg.seed,
-                             collective=self._probe_inputs if self.lockstep.multi else None) \
-            if pcfg.enabled else None
-        self.publisher = Publisher(wcfg.root or self.run_dir / "weights", self.qcfg.to_hf_dict(),
-                                   self.weight_formats, self.tokenizer_dir, cfg.train.keep_versions,
-                                   self._on_published, delta=wcfg.delta, full_every=wcfg.full_every,
-                                   engines=self.export_engines, calibrator=self.calibrator,
-                                   kv_cache_formats=lambda: fp8_kv_formats(group_kv_pairs(
-                                       cfg.groups, self.service.status()["samplers"])),
-                                   prober=(lambda v: self.prober(self.model, v))
-                                   if self.prober else None)
+        self.publisher = start_publisher(self)
         version = int(self.meta["version"])
         if self.resume:
             # Past every version ever published here, so no sampler takes the new weights for
