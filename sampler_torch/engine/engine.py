@@ -4,7 +4,8 @@ full per-token behaviour records, and in-flight weight reloads.
 Scheduling. ``generate`` keeps up to ``max_batch`` requests in flight, one per KV-cache slot.
 Each iteration (a "step") is:
 
-1. apply a staged weight reload, if any (only here, between forwards);
+1. apply a staged weight reload, if any and ``partial_rollouts`` allows (only here, between
+   forwards);
 2. admit waiting requests into free slots and prefill them (one batched forward, right-padded);
 3. decode every other running request by one token (one batched forward);
 4. sample one token for every running request from the logits of 2 and 3, and record it;
@@ -20,6 +21,12 @@ serving weights untouched. The new model is then staged and swapped in at the ne
 boundary of a running ``generate`` (or at once when idle). The KV cache is kept across the swap
 (tokens after it attend to keys/values the old weights computed), as in-flight RL samplers do;
 the versions record says where the switch happened.
+
+Partial rollouts. ``partial_rollouts`` (``True`` by default; ``set_partial_rollouts``, which
+``mixrl-sample`` calls with the trainer's ``train.partial_rollouts`` from its registration) says
+whether a request may span a reload as above. With ``False`` a staged load waits until no
+``generate`` is running: every request finishes on the weights it started with, and the next
+``generate`` (the next turn of a multi-turn episode, say) starts on the new ones.
 """
 
 from __future__ import annotations
@@ -133,7 +140,14 @@ class Engine:
         self._generate_lock = threading.Lock()  # one generate at a time
         self._pending: tuple[LoadedModel, EngineForward, int] | None = None
         self._generating = False
+        #: whether a load may be applied at a step boundary of a running generate (see the
+        #: module doc); False: only between generate calls
+        self.partial_rollouts = True
         self.last_stats = GenerateStats()
+
+    def set_partial_rollouts(self, enabled: bool) -> None:
+        """The trainer's ``train.partial_rollouts``: whether requests may span a reload."""
+        self.partial_rollouts = bool(enabled)
 
     # ------------------------------------------------------------------ weights
 
@@ -170,7 +184,8 @@ class Engine:
         return self._loaded.path
 
     def load_weights(self, model_dir: str | os.PathLike, version: int) -> None:
-        """Verify and load ``model_dir`` as weights ``version``; swap at the next step boundary.
+        """Verify and load ``model_dir`` as weights ``version``; swap at the next step boundary
+        (with ``partial_rollouts`` off: when the running ``generate`` returns).
 
         Raises ``WeightLoadError``/``RecipeError`` (and changes nothing) when the manifest does
         not match, a file is missing or malformed, the export is in another format, or the model
@@ -329,7 +344,7 @@ class Engine:
         decoding: list[int] = []                # slots with a sampled token still to feed
         step = 0
         while waiting or running:
-            if self._apply_pending():
+            if self.partial_rollouts and self._apply_pending():
                 stats.swaps.append((step, self._version))
             fwd, version = self._forward, self._version
             # -- admit and prefill
