@@ -120,6 +120,30 @@ def test_probe_kl_orders_recipes_and_catches_forced_scales(outlier_case, tmp_pat
         assert j.verdict == ABOVE_BOUND, (fmt, j)
 
 
+@pytest.fixture(scope="module")
+def two_versions(tmp_path_factory):
+    """Versions 0 and 1 (one Adam step at lr 1e-3 apart) of the bench's plain policy, bf16."""
+    bench = _bench()
+    root = tmp_path_factory.mktemp("two_versions")
+    return bench, root, bench.build_case(1, root, lr=1e-3, formats=["bf16"])
+
+
+def test_serving_the_previous_version_is_told_apart_at_lr_1e_3(two_versions):
+    from sampler_torch.engine import Engine
+
+    bench, root, (_, p1) = two_versions
+    bound = bound_for(load_bounds(), "bf16", "mixrl-engine", "cpu")
+    verdicts = {}
+    for served in (0, 1):
+        engine = Engine(bench.version_dir(root, served, "bf16"), "bf16")
+        q = flatten(engine.score(p1.prompts, p1.continuations))
+        q_prev = flatten(engine.score(p1.prompts, p1.previous.continuations))
+        verdicts[served] = judge(p1, q, q_prev, bound)
+    assert verdicts[0].verdict == OLDER, verdicts[0]
+    assert verdicts[1].verdict == OK, verdicts[1]
+    assert verdicts[1].separation > 3 * bound.noise  # decidable: bf16 at lr 1e-3
+
+
 class _NoopReload:
     """An engine whose reload is acknowledged but not applied: the fault the weights check must
     catch (what a server that ignores an update would do)."""
@@ -135,16 +159,14 @@ class _NoopReload:
         self.version = int(version)
 
 
-def test_a_noop_reload_is_caught_within_one_version_then_revoked(tmp_path):
+def test_a_noop_reload_is_caught_within_one_version_then_revoked(two_versions, tmp_path):
     from test_service import FAST, TOKEN, make_service
 
     from sampler_torch.client import RolloutClient
     from sampler_torch.engine import Engine
     from sampler_torch.loop import LoopConfig, SamplerLoop
 
-    bench = _bench()
-    root = tmp_path / "w"
-    probes = bench.build_case(1, root, lr=1e-3, formats=["bf16"])
+    bench, root, probes = two_versions
     svc = make_service()
     try:
         for p in probes:
