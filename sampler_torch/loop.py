@@ -14,7 +14,11 @@ Three threads share one ``RolloutClient``:
   reload, or revoke the session (the loop then stops).
 
 The engine is duck-typed (``generate(prompts, params_list)``, ``load_weights(dir, version)``,
-``version``), so another backend with the same surface drops in.
+``version``), so another backend with the same surface drops in. The trainer's
+``train.partial_rollouts`` (in the registration) reaches it through
+``set_partial_rollouts(bool)``: whether a request may span a reload, or every in-flight request
+finishes on the old weights first; a backend without that hook keeps its own reload behaviour
+(logged once).
 """
 
 from __future__ import annotations
@@ -82,6 +86,7 @@ class SamplerLoop:
         self._envs: dict[str, Any] = {}
         self._files: dict[str, str] | None = None  # weight files of the version served
         self._threads: list[threading.Thread] = []
+        self._partial: bool | None = None  # the trainer's partial_rollouts, as last applied
 
     # ---------------------------------------------------------------- threads
 
@@ -154,10 +159,11 @@ class SamplerLoop:
 
     def run(self) -> LoopStats:
         """Lease, generate, submit until ``stop()`` (or ``max_samples`` submitted)."""
-        self.client.register()
+        self.follow_registration(self.client.register())
         self.start_background()
         try:
             while not self.stop_event.is_set():
+                self.follow_registration(self.client.info)  # a restarted trainer may differ
                 if self.cfg.max_samples is not None and self.stats.accepted >= self.cfg.max_samples:
                     break
                 try:
@@ -173,6 +179,25 @@ class SamplerLoop:
         finally:
             self.stop_event.set()
         return self.stats
+
+    def follow_registration(self, info: pb.RegisterResponse | None) -> None:
+        """Hand the trainer's ``partial_rollouts`` (when it sent one) to the backend."""
+        if info is None or not info.HasField("partial_rollouts"):
+            return
+        want = bool(info.partial_rollouts)
+        if want == self._partial:
+            return
+        self._partial = want
+        hook = getattr(self.engine, "set_partial_rollouts", None)
+        if hook is None:
+            log.warning("the trainer asks for partial_rollouts=%s but backend %s has no "
+                        "set_partial_rollouts: it keeps its own reload behaviour", want,
+                        type(self.engine).__name__)
+            return
+        hook(want)
+        log.info("partial rollouts %s: %s", "on" if want else "off",
+                 "requests may span a weights reload" if want
+                 else "in-flight requests finish on the old weights before a reload")
 
     def run_round(self, tasks: list[pb.Task]) -> None:
         leased_at = time.perf_counter()

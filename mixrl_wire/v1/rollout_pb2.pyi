@@ -102,7 +102,7 @@ class RegisterRequest(_message.Message):
     def __init__(self, group: _Optional[str] = ..., recipe: _Optional[_Union[Recipe, _Mapping]] = ..., accelerator: _Optional[str] = ..., capacity: _Optional[int] = ..., weight_formats: _Optional[_Iterable[str]] = ..., name: _Optional[str] = ..., device: _Optional[_Union[ComputeDevice, _Mapping]] = ...) -> None: ...
 
 class RegisterResponse(_message.Message):
-    __slots__ = ("session_id", "server_id", "heartbeat_interval_ms", "session_ttl_ms", "max_outstanding", "max_message_bytes", "vocab_size", "current_version")
+    __slots__ = ("session_id", "server_id", "heartbeat_interval_ms", "session_ttl_ms", "max_outstanding", "max_message_bytes", "vocab_size", "current_version", "partial_rollouts")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     SERVER_ID_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
@@ -111,6 +111,7 @@ class RegisterResponse(_message.Message):
     MAX_MESSAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     CURRENT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    PARTIAL_ROLLOUTS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     server_id: str
     heartbeat_interval_ms: int
@@ -119,7 +120,8 @@ class RegisterResponse(_message.Message):
     max_message_bytes: int
     vocab_size: int
     current_version: int
-    def __init__(self, session_id: _Optional[str] = ..., server_id: _Optional[str] = ..., heartbeat_interval_ms: _Optional[int] = ..., session_ttl_ms: _Optional[int] = ..., max_outstanding: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., vocab_size: _Optional[int] = ..., current_version: _Optional[int] = ...) -> None: ...
+    partial_rollouts: bool
+    def __init__(self, session_id: _Optional[str] = ..., server_id: _Optional[str] = ..., heartbeat_interval_ms: _Optional[int] = ..., session_ttl_ms: _Optional[int] = ..., max_outstanding: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., vocab_size: _Optional[int] = ..., current_version: _Optional[int] = ..., partial_rollouts: _Optional[bool] = ...) -> None: ...
 
 class LeaseRequest(_message.Message):
     __slots__ = ("session_id", "max_samples")

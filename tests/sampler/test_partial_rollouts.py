@@ -71,3 +71,45 @@ def test_without_partial_rollouts_a_reload_from_another_thread_waits_for_the_cal
     out = eng.generate([[7, 8]], SamplingParams(max_new_tokens=10, seed=1), on_step=on_step)[0]
     t.join()
     assert out.versions == [0] * 10 and eng.version == 1
+
+
+@pytest.mark.parametrize("setting", [True, False])
+def test_train_partial_rollouts_reaches_the_backend_through_registration(exports, setting, caplog):
+    """train.partial_rollouts -> RegisterResponse (real gRPC) -> SamplerLoop -> the backend."""
+    from sampler_torch.client import Backoff, RolloutClient
+    from sampler_torch.loop import SamplerLoop
+    from trainer_jax.config import load_config
+    from trainer_jax.service import RolloutService
+
+    cfg = load_config(None, ["service.listen=127.0.0.1:0", f"train.partial_rollouts={setting}"])
+    assert cfg.train.partial_rollouts is setting
+    svc = RolloutService.from_config(cfg, token="pr-token").start()
+    client = RolloutClient(svc.address, "pr-token", group="g", capacity=2, name="pr",
+                           backoff=Backoff(initial_s=0.01, max_s=0.1), max_retry_s=3.0)
+    try:
+        info = client.register()
+        assert info.HasField("partial_rollouts") and info.partial_rollouts is setting
+        eng = Engine(exports[0], "bf16", compute_dtype="float32", max_batch=1)
+        eng.set_partial_rollouts(not setting)
+        SamplerLoop(client, eng).follow_registration(info)
+        assert eng.partial_rollouts is setting
+
+        class Hookless:  # a backend that cannot honour the setting is told so in the log
+            version = 0
+
+        with caplog.at_level("WARNING", logger="mixrl.sampler"):
+            SamplerLoop(client, Hookless()).follow_registration(info)
+        assert f"partial_rollouts={setting} but backend Hookless has no set_partial_rollouts" \
+            in caplog.text
+    finally:
+        client.close()
+        svc.stop(grace=0)
+
+
+def test_a_registration_without_the_field_leaves_the_backend_default(exports):
+    from mixrl_wire import pb
+    from sampler_torch.loop import SamplerLoop
+
+    eng = Engine(exports[0], "bf16", compute_dtype="float32", max_batch=1)
+    SamplerLoop(None, eng).follow_registration(pb.RegisterResponse(session_id="s"))  # older trainer
+    assert eng.partial_rollouts is True

@@ -143,6 +143,10 @@ class TrainConfig(_Strict):
     max_staleness: int | None = Field(None, ge=0)  # None: no cap (the design's default)
     # Step s learns only from samples of weights version s (trainer_jax.sync): no policy lag.
     sync: bool = False
+    # Whether a sampler's in-flight request may span a weights reload (its tokens then carry two
+    # versions; long episodes are never held back). False: every backend finishes its in-flight
+    # requests on the old weights before reloading. Sent to samplers when they register.
+    partial_rollouts: bool = True
     rows: int = Field(16, gt=0)
     row_len: int = Field(128, gt=0)
     # Rows per forward/backward pass (None: all rows at once); must divide ``rows``. The step's

@@ -70,7 +70,8 @@ class _Servicer(pb_grpc.RolloutServicer):
             heartbeat_interval_ms=int(cfg.heartbeat_s * 1000), session_ttl_ms=int(cfg.session_ttl_s * 1000),
             max_outstanding=self.svc.scheduler.max_outstanding(s),
             max_message_bytes=cfg.limits.max_message_bytes, vocab_size=self.svc.vocab_size,
-            current_version=self.svc.scheduler.current_version)
+            current_version=self.svc.scheduler.current_version,
+            partial_rollouts=self.svc.partial_rollouts)
 
     def Lease(self, request, context):
         try:
@@ -195,6 +196,7 @@ class RolloutService:
         self._started = time.monotonic()
         self.dropped_groups = 0
         self.dropped_trajectories = 0
+        self.partial_rollouts = True  # train.partial_rollouts, told to samplers at registration
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -454,6 +456,7 @@ class RolloutService:
                              "task source has no tokenizer); set it")
         svc = cls(cfg.service, source, token=token, vocab_size=vocab, listen=listen)
         svc.scheduler.max_support = cfg.train.support_k  # a larger kept set is refused, counted
+        svc.partial_rollouts = cfg.train.partial_rollouts
         return svc
 
 
