@@ -1,6 +1,6 @@
 """Environments: single-turn verifiable tasks and a multi-turn tool sandbox, behind one interface."""
 
-from envs import chat_math, dataset, long_tasks, single_turn, tool  # noqa: F401  (registers the environments)
+from envs import chat_math, dataset, long_tasks, repo, single_turn, tool  # noqa: F401  (registers the environments)
 from envs.base import (
     ENVIRONMENTS,
     TERMINATIONS,
