@@ -10,10 +10,12 @@ import json
 import os
 import socket
 import subprocess
+import tempfile
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 from sampler_torch.engine.params import Completion, SamplingParams, per_request
 from sampler_torch.recipes import Recipe, get_recipe, verify_export
@@ -50,6 +52,26 @@ def request_json(url: str, method: str, path: str, body: dict | None, *, timeout
         raise error(f"{method} {path}: response is not JSON: {raw[:200]!r}") from None
 
 
+def request_status(url: str, method: str, path: str, body: dict | None, *,
+                   timeout: float, error: type[ServerError] = ServerError):
+    """``(HTTP status, decoded JSON or None)`` for ``method url+path``: for probes whose
+    status is the answer (a route that is missing, disabled or refuses an empty body)."""
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url + path, data=data, method=method,
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            code, raw = resp.status, resp.read()
+    except urllib.error.HTTPError as e:
+        code, raw = e.code, e.read()
+    except (urllib.error.URLError, OSError) as e:
+        raise error(f"{method} {path}: {url} unreachable ({e})") from None
+    try:
+        return code, json.loads(raw) if raw else None
+    except json.JSONDecodeError:
+        return code, None
+
+
 def free_port(host: str) -> int:
     """A port nothing listens on now (the server binds it a moment later)."""
     with socket.socket() as s:
@@ -57,32 +79,73 @@ def free_port(host: str) -> int:
         return s.getsockname()[1]
 
 
-def start_server(cmd: Sequence[str], *, log_path: str | os.PathLike | None = None,
-                 env: Mapping[str, str] | None = None) -> subprocess.Popen:
-    """Start a server process, its output appended to ``log_path`` (else discarded)."""
-    log = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115
+def server_log_path(log_path: str | os.PathLike | None, name: str) -> Path:
+    """Where a started server writes its output: ``log_path``, else a new temp file (kept, so
+    a failed start can still be read after the error)."""
+    if log_path:
+        return Path(log_path)
+    fd, path = tempfile.mkstemp(prefix=f"mixrl-{name.replace(' ', '-')}-", suffix=".log")
+    os.close(fd)
+    return Path(path)
+
+
+def log_tail(path: str | os.PathLike | None, lines: int = 20) -> str:
+    """The last ``lines`` lines of a server log (empty when there is none)."""
+    if not path:
+        return ""
     try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 64 * 1024))
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def require_module(python: str, module: str, error: type[ServerError] = ServerError,
+                   hint: str = "") -> None:
+    """Fail in one line, before a server starts, when ``python`` cannot import ``module``."""
+    try:
+        done = subprocess.run([python, "-c", f"import {module}"], capture_output=True,
+                              timeout=300)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise error(f"cannot run {python} to check for the {module!r} package: {e}") from None
+    if done.returncode != 0:
+        raise error(f"{python} has no {module!r} package{hint}")
+
+
+def start_server(cmd: Sequence[str], *, log_path: str | os.PathLike,
+                 env: Mapping[str, str] | None = None) -> subprocess.Popen:
+    """Start a server process, its output appended to ``log_path``."""
+    with open(log_path, "ab") as log:  # the child holds its own descriptor
         return subprocess.Popen(list(cmd), stdout=log, stderr=subprocess.STDOUT,
                                 env={**os.environ, **dict(env or {})})
-    finally:
-        if log is not subprocess.DEVNULL:
-            log.close()  # the child holds its own descriptor
 
 
 def wait_healthy(probe, proc: subprocess.Popen, what: str, timeout: float,
-                 error: type[ServerError] = ServerError) -> None:
-    """Call ``probe()`` until it stops raising ``error``; fail if ``proc`` exits or on timeout."""
+                 error: type[ServerError] = ServerError,
+                 log_path: str | os.PathLike | None = None) -> None:
+    """Call ``probe()`` until it stops raising ``error``; fail if ``proc`` exits or on timeout,
+    with the last lines of the server's own log."""
     deadline = time.monotonic() + timeout
+
+    def fail(why: str):
+        tail = log_tail(log_path)
+        where = f" (log: {log_path})" if log_path else ""
+        return error(f"{what} {why}{where}" + (f"; its last log lines:\n{tail}" if tail else ""))
+
     while True:
         if proc.poll() is not None:
-            raise error(f"{what} exited with {proc.returncode} during startup "
-                        f"({' '.join(map(str, proc.args))})")
+            raise fail(f"exited with {proc.returncode} during startup "
+                       f"({' '.join(map(str, proc.args))})")
         try:
             probe()
             return
         except error:
             if time.monotonic() > deadline:
-                raise error(f"{what} not healthy after {timeout}s") from None
+                stop_server(proc)
+                raise fail(f"not healthy after {timeout}s") from None
             time.sleep(2)
 
 
@@ -155,11 +218,14 @@ class ServerBackend:
 
     error: type[ServerError] = ServerError
     server_name = "server"
+    #: the package a started server's Python must import (checked before it starts)
+    server_package: str | None = None
 
     def __init__(self, url: str, *, recipe: str | Recipe = "bf16", version: int = 0,
                  timeout: float = 600.0, support_logprobs_num: int = 256,
                  process: subprocess.Popen | None = None,
-                 model_dir: str | os.PathLike | None = None):
+                 model_dir: str | os.PathLike | None = None,
+                 log_path: str | os.PathLike | None = None):
         self.url = url.rstrip("/")
         self.recipe = get_recipe(recipe)
         self.version = version
@@ -168,31 +234,46 @@ class ServerBackend:
         self.process = process
         #: the export the server holds (tokenizer files for environments); None if unknown
         self.model_dir = model_dir
+        #: where a server this backend started writes its output
+        self.log_path = log_path
 
     @classmethod
     def server_command(cls, model_dir: str | os.PathLike, recipe: Recipe, *, version: int,
                        host: str, port: int, options: dict) -> tuple[list[str], dict, dict]:
         """``(command, extra environment, extra constructor keywords)`` that start a server for
-        ``recipe``; ``options`` are the constructor keywords ``launch`` was given."""
+        ``recipe``; ``options`` are the constructor keywords ``launch`` was given. The command's
+        first word is the server's Python."""
         raise NotImplementedError
+
+    def on_ready(self) -> None:
+        """Called once a launched server answers its health check (start-up checks)."""
 
     @classmethod
     def launch(cls, model_dir: str | os.PathLike, recipe: str | Recipe = "bf16", *,
                version: int = 0, host: str = "127.0.0.1", port: int | None = None,
                extra_args: Sequence[str] = (), startup_timeout: float = 900.0,
                log_path: str | os.PathLike | None = None, **kwargs):
-        """Start a server for ``recipe`` on ``model_dir`` and wait until it is healthy."""
+        """Start a server for ``recipe`` on ``model_dir`` and wait until it is healthy.
+
+        Its output always goes to a file (``log_path``, else a temp file): a server that fails
+        to start raises with the last lines of that log."""
         recipe = get_recipe(recipe)
         verify_export(model_dir, require_manifest=False)
         port = port or free_port(host)
         cmd, env, more = cls.server_command(model_dir, recipe, version=version, host=host,
                                             port=port, options=kwargs)
+        if cls.server_package:
+            require_module(cmd[0], cls.server_package, cls.error,
+                           f"; install it there (pip install {cls.server_package}) or point "
+                           f"the backend at a Python that has it")
+        log_path = server_log_path(log_path, cls.server_name)
         proc = start_server([*cmd, *extra_args], log_path=log_path, env=env)
         backend = cls(f"http://{host}:{port}", recipe=recipe, version=version, process=proc,
-                      model_dir=model_dir, **more, **kwargs)
+                      model_dir=model_dir, log_path=log_path, **more, **kwargs)
         try:
             wait_healthy(lambda: backend._request("GET", "/health", None, timeout=5), proc,
-                         cls.server_name, startup_timeout, cls.error)
+                         cls.server_name, startup_timeout, cls.error, log_path)
+            backend.on_ready()
         except BaseException:
             backend.close()
             raise
@@ -233,5 +314,6 @@ class ServerBackend:
         return max(p.head_k, self.support_logprobs_num if truncates(p) else 0)
 
 
-__all__ = ["ServerBackend", "ServerError", "as_version", "free_port", "request_json", "start_server",
-           "stop_server", "token_versions", "truncates", "wait_healthy"]
+__all__ = ["ServerBackend", "ServerError", "as_version", "free_port", "log_tail", "request_json",
+           "request_status", "require_module", "server_log_path", "start_server", "stop_server",
+           "token_versions", "truncates", "wait_healthy"]
