@@ -1,0 +1,40 @@
+"""Objective metrics at their edges (issue 37): a mean over exactly one token, a group with none,
+masked garbage, totals, groups out of range. A mutation run of ``trainer_jax/objective/`` found a
+metric over one token could turn NaN unnoticed (``count > 1`` for ``count > 0``)."""
+
+from __future__ import annotations
+
+import math
+
+import jax.numpy as jnp
+import numpy as np
+
+from trainer_jax.objective.metrics import reduce_metrics, sum_metrics, token_metrics
+
+
+def _reduced(metrics) -> dict[str, np.ndarray]:
+    return {k: np.asarray(v) for k, v in reduce_metrics(metrics).items()}
+
+
+def test_means_over_one_token_none_and_masked_garbage():
+    values = {"kl": jnp.array([0.5, jnp.inf, 2.0, 4.0, jnp.nan]),
+              "ratio": jnp.array([1.0, 2.0, 3.0, 4.0, 5.0])}
+    weight = jnp.array([1, 0, 1, 1, 0])
+    groups = jnp.array([0, 0, 1, 7, 1])  # group 2 has no token; id 7 counts only overall
+    r = _reduced(token_metrics(values, weight, groups, num_groups=3))
+    assert math.isclose(float(r["kl"]), (0.5 + 2.0 + 4.0) / 3, rel_tol=1e-6) and float(r["tokens"]) == 3.0
+    assert math.isclose(float(r["ratio"]), (1.0 + 3.0 + 4.0) / 3, rel_tol=1e-6)
+    # one token in group 0 and one in group 1: their means are those tokens' values, not NaN
+    assert r["group/kl"][:2].tolist() == [0.5, 2.0] and math.isnan(r["group/kl"][2])
+    assert r["group/ratio"][:2].tolist() == [1.0, 3.0]
+    assert r["group/tokens"].tolist() == [1.0, 1.0, 0.0]  # totals, not means
+
+
+def test_micro_batches_add_sums_and_counts():
+    a = token_metrics({"x": jnp.array([1.0, 3.0])}, jnp.array([1, 1]), None, 1)
+    b = token_metrics({"x": jnp.array([8.0])}, jnp.array([1]), None, 1)
+    r = _reduced(sum_metrics(a, b))
+    assert math.isclose(float(r["x"]), 4.0) and float(r["tokens"]) == 3.0
+    assert "group/x" not in r
+    empty = _reduced(token_metrics({"x": jnp.array([5.0])}, jnp.array([0]), None, 1))
+    assert math.isnan(float(empty["x"])) and float(empty["tokens"]) == 0.0
