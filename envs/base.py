@@ -111,6 +111,11 @@ class Environment(abc.ABC):
     #: reward is the one the sampler reports.
     single_turn: ClassVar[bool] = False
 
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if not getattr(cls, "name", None):  # an outside environment may leave it out
+            cls.name = cls.__name__
+
     def __init__(self, tokenizer: Tokenizer, difficulty: int = 1):
         if difficulty < 1:
             raise ValueError(f"{self.name}: difficulty must be >= 1, got {difficulty}")
@@ -143,9 +148,12 @@ class Environment(abc.ABC):
     def start(self, task: Task) -> Episode:
         """Begin an episode of ``task``."""
 
-    @abc.abstractmethod
     def demonstration(self, task: Task) -> tuple[list[int], list[int]]:
-        """A correct episode as ``(token_ids, loss_mask)`` for the supervised warm start."""
+        """A correct episode as ``(token_ids, loss_mask)`` for the supervised warm start.
+
+        Optional: an environment without demonstrations cannot be in the mix of a run with
+        ``sft.steps > 0`` (refused when the config loads, ``envs.loading.has_demonstration``)."""
+        raise NotImplementedError(f"environment {self.name!r} has no demonstrations")
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text).ids
@@ -165,8 +173,9 @@ def register_env(cls: type[Environment]) -> type[Environment]:
 
 
 def make_env(name: str, tokenizer: Tokenizer, **kwargs) -> Environment:
-    try:
-        cls: Callable[..., Environment] = ENVIRONMENTS[name]
-    except KeyError:
-        raise ValueError(f"unknown environment {name!r}; registered: {sorted(ENVIRONMENTS)}") from None
+    """Build environment ``name``: a built-in name, ``module:Class`` or an entry point of the
+    ``mixrl.envs`` group (``envs.loading.resolve_env``)."""
+    from envs.loading import resolve_env
+
+    cls: Callable[..., Environment] = resolve_env(name)
     return cls(tokenizer, **kwargs)

@@ -214,6 +214,13 @@ class RolloutClient:
                                 weight_failures=weight_failures, active_samples=active_samples),
             timeout=self.rpc_timeout_s, metadata=self._metadata))
 
+    def return_lease(self, lease_id: str, reason: str, env: str = "") -> pb.ReturnLeaseResponse:
+        """Give back a lease this sampler cannot run (``env``: the environment it cannot build,
+        whose tasks the trainer then leases to others)."""
+        return self._call("return_lease", lambda: self._stub.ReturnLease(
+            pb.ReturnLeaseRequest(session_id=self.session_id, lease_id=lease_id, reason=reason,
+                                  env=env), timeout=self.rpc_timeout_s, metadata=self._metadata))
+
     def report_probe(self, report: pb.ProbeReport) -> pb.ProbeAck:
         """Send the version probe's scores after a load (``sampler_torch.probe``); the answer
         says whether to reload or that the session is revoked."""

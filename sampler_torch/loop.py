@@ -48,6 +48,9 @@ from sampler_torch.probe import digest, verify_load, weight_files
 
 log = logging.getLogger("mixrl.sampler")
 
+#: ``SamplerLoop._env`` of a mix entry that cannot be built here
+UNAVAILABLE = object()
+
 
 @dataclasses.dataclass
 class LoopConfig:
@@ -70,6 +73,7 @@ class LoopStats:
     weight_failures: int = 0
     last_weight_error: str = ""
     probe_acks: list = dataclasses.field(default_factory=list)  # ProbeAck per verified load
+    returned: int = 0  # samples given back: their environment cannot be built here
 
 
 class SamplerLoop:
@@ -201,6 +205,9 @@ class SamplerLoop:
 
     def run_round(self, tasks: list[pb.Task]) -> None:
         leased_at = time.perf_counter()
+        tasks = self._runnable(tasks)
+        if not tasks:
+            return
         items = [(t, i) for t in tasks for i in t.sample_indices]
         self.active_samples = len(items)
         t0 = time.perf_counter()
@@ -226,17 +233,52 @@ class SamplerLoop:
 
     # ---------------------------------------------------------------- generation
 
+    def _mix(self) -> dict[str, pb.EnvSpec]:
+        """The task mix the trainer sent at registration, by entry name (empty from a trainer
+        that predates it: built-in environments by name then, with their default options)."""
+        info = getattr(self.client, "info", None)
+        return {e.name: e for e in info.envs} if info is not None else {}
+
     def _env(self, name: str):
+        """The environment of ``Task.env`` ``name``: built (imported) on first use from the
+        registration's mix entry; ``None``: plain generation from the prompt; ``UNAVAILABLE``: a
+        mix entry that cannot be built here (its leases go back, ``_runnable``)."""
         if name not in self._envs:
             env = None
+            spec = self._mix().get(name)
             if self.cfg.use_envs:
                 try:
-                    if name in ENVIRONMENTS:
+                    if spec is not None:
+                        env = make_env(spec.env, self._get_tokenizer(),
+                                       difficulty=max(1, spec.difficulty),
+                                       **json.loads(spec.options_json or "{}"))
+                    elif name in ENVIRONMENTS:
                         env = make_env(name, self._get_tokenizer())
-                except Exception as e:  # noqa: BLE001 - no environment: plain generation
-                    log.warning("environment %r unavailable (%s); generating from the prompt", name, e)
+                except Exception as e:  # noqa: BLE001 - user code: never the end of the sampler
+                    if spec is not None:
+                        log.error("environment %r (%s) cannot be built here (%s: %s); its leases "
+                                  "go back to the trainer", name, spec.env, type(e).__name__, e)
+                        env = UNAVAILABLE
+                    else:
+                        log.warning("environment %r unavailable (%s); generating from the prompt",
+                                    name, e)
             self._envs[name] = env
         return self._envs[name]
+
+    def _runnable(self, tasks: list[pb.Task]) -> list[pb.Task]:
+        """``tasks`` without those whose environment cannot be built here: each of those leases
+        is given back (``ReturnLease``, counted by the trainer), never generated wrong."""
+        keep = []
+        for t in tasks:
+            if not (t.env and self._env(t.env) is UNAVAILABLE):
+                keep.append(t)
+                continue
+            self.stats.returned += len(t.sample_indices)
+            try:
+                self.client.return_lease(t.lease_id, "env_unavailable", env=t.env)
+            except RolloutError as e:  # the lease then ends at its deadline
+                log.warning("returning lease %s: %s", t.lease_id, e)
+        return keep
 
     def _get_tokenizer(self):
         if self._tokenizer is None:

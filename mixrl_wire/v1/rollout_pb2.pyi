@@ -102,7 +102,7 @@ class RegisterRequest(_message.Message):
     def __init__(self, group: _Optional[str] = ..., recipe: _Optional[_Union[Recipe, _Mapping]] = ..., accelerator: _Optional[str] = ..., capacity: _Optional[int] = ..., weight_formats: _Optional[_Iterable[str]] = ..., name: _Optional[str] = ..., device: _Optional[_Union[ComputeDevice, _Mapping]] = ...) -> None: ...
 
 class RegisterResponse(_message.Message):
-    __slots__ = ("session_id", "server_id", "heartbeat_interval_ms", "session_ttl_ms", "max_outstanding", "max_message_bytes", "vocab_size", "current_version", "partial_rollouts")
+    __slots__ = ("session_id", "server_id", "heartbeat_interval_ms", "session_ttl_ms", "max_outstanding", "max_message_bytes", "vocab_size", "current_version", "partial_rollouts", "envs")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     SERVER_ID_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
@@ -112,6 +112,7 @@ class RegisterResponse(_message.Message):
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     CURRENT_VERSION_FIELD_NUMBER: _ClassVar[int]
     PARTIAL_ROLLOUTS_FIELD_NUMBER: _ClassVar[int]
+    ENVS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     server_id: str
     heartbeat_interval_ms: int
@@ -121,7 +122,20 @@ class RegisterResponse(_message.Message):
     vocab_size: int
     current_version: int
     partial_rollouts: bool
-    def __init__(self, session_id: _Optional[str] = ..., server_id: _Optional[str] = ..., heartbeat_interval_ms: _Optional[int] = ..., session_ttl_ms: _Optional[int] = ..., max_outstanding: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., vocab_size: _Optional[int] = ..., current_version: _Optional[int] = ..., partial_rollouts: _Optional[bool] = ...) -> None: ...
+    envs: _containers.RepeatedCompositeFieldContainer[EnvSpec]
+    def __init__(self, session_id: _Optional[str] = ..., server_id: _Optional[str] = ..., heartbeat_interval_ms: _Optional[int] = ..., session_ttl_ms: _Optional[int] = ..., max_outstanding: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., vocab_size: _Optional[int] = ..., current_version: _Optional[int] = ..., partial_rollouts: _Optional[bool] = ..., envs: _Optional[_Iterable[_Union[EnvSpec, _Mapping]]] = ...) -> None: ...
+
+class EnvSpec(_message.Message):
+    __slots__ = ("name", "env", "options_json", "difficulty")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ENV_FIELD_NUMBER: _ClassVar[int]
+    OPTIONS_JSON_FIELD_NUMBER: _ClassVar[int]
+    DIFFICULTY_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    env: str
+    options_json: str
+    difficulty: int
+    def __init__(self, name: _Optional[str] = ..., env: _Optional[str] = ..., options_json: _Optional[str] = ..., difficulty: _Optional[int] = ...) -> None: ...
 
 class LeaseRequest(_message.Message):
     __slots__ = ("session_id", "max_samples")
@@ -182,6 +196,24 @@ class HeartbeatResponse(_message.Message):
     current_version: int
     expired_lease_ids: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, current_version: _Optional[int] = ..., expired_lease_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ReturnLeaseRequest(_message.Message):
+    __slots__ = ("session_id", "lease_id", "reason", "env")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    ENV_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    lease_id: str
+    reason: str
+    env: str
+    def __init__(self, session_id: _Optional[str] = ..., lease_id: _Optional[str] = ..., reason: _Optional[str] = ..., env: _Optional[str] = ...) -> None: ...
+
+class ReturnLeaseResponse(_message.Message):
+    __slots__ = ("requeued",)
+    REQUEUED_FIELD_NUMBER: _ClassVar[int]
+    requeued: int
+    def __init__(self, requeued: _Optional[int] = ...) -> None: ...
 
 class ProbeReport(_message.Message):
     __slots__ = ("session_id", "version", "logprobs", "previous_logprobs", "weights_digest", "weights_unchanged", "error")
@@ -392,8 +424,15 @@ class GroupStatus(_message.Message):
     def __init__(self, name: _Optional[str] = ..., samplers: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., share: _Optional[float] = ..., outstanding: _Optional[int] = ..., accepted: _Optional[int] = ..., probe_version: _Optional[int] = ..., probe_kl: _Optional[float] = ..., probe_max_abs: _Optional[float] = ...) -> None: ...
 
 class SamplerStatus(_message.Message):
-    __slots__ = ("session_id", "name", "group", "recipe", "accelerator", "accepted", "duplicates", "rejected", "rejections", "outstanding", "weights_version", "weight_failures", "last_seen_s_ago", "device", "verified_version", "probe_version", "probe_kl", "probe_max_abs", "probe_verdict", "probe_reason")
+    __slots__ = ("session_id", "name", "group", "recipe", "accelerator", "accepted", "duplicates", "rejected", "rejections", "outstanding", "weights_version", "weight_failures", "last_seen_s_ago", "device", "verified_version", "probe_version", "probe_kl", "probe_max_abs", "probe_verdict", "probe_reason", "returned")
     class RejectionsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    class ReturnedEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
         VALUE_FIELD_NUMBER: _ClassVar[int]
@@ -420,6 +459,7 @@ class SamplerStatus(_message.Message):
     PROBE_MAX_ABS_FIELD_NUMBER: _ClassVar[int]
     PROBE_VERDICT_FIELD_NUMBER: _ClassVar[int]
     PROBE_REASON_FIELD_NUMBER: _ClassVar[int]
+    RETURNED_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     name: str
     group: str
@@ -440,7 +480,8 @@ class SamplerStatus(_message.Message):
     probe_max_abs: float
     probe_verdict: str
     probe_reason: str
-    def __init__(self, session_id: _Optional[str] = ..., name: _Optional[str] = ..., group: _Optional[str] = ..., recipe: _Optional[_Union[Recipe, _Mapping]] = ..., accelerator: _Optional[str] = ..., accepted: _Optional[int] = ..., duplicates: _Optional[int] = ..., rejected: _Optional[int] = ..., rejections: _Optional[_Mapping[str, int]] = ..., outstanding: _Optional[int] = ..., weights_version: _Optional[int] = ..., weight_failures: _Optional[int] = ..., last_seen_s_ago: _Optional[float] = ..., device: _Optional[_Union[ComputeDevice, _Mapping]] = ..., verified_version: _Optional[int] = ..., probe_version: _Optional[int] = ..., probe_kl: _Optional[float] = ..., probe_max_abs: _Optional[float] = ..., probe_verdict: _Optional[str] = ..., probe_reason: _Optional[str] = ...) -> None: ...
+    returned: _containers.ScalarMap[str, int]
+    def __init__(self, session_id: _Optional[str] = ..., name: _Optional[str] = ..., group: _Optional[str] = ..., recipe: _Optional[_Union[Recipe, _Mapping]] = ..., accelerator: _Optional[str] = ..., accepted: _Optional[int] = ..., duplicates: _Optional[int] = ..., rejected: _Optional[int] = ..., rejections: _Optional[_Mapping[str, int]] = ..., outstanding: _Optional[int] = ..., weights_version: _Optional[int] = ..., weight_failures: _Optional[int] = ..., last_seen_s_ago: _Optional[float] = ..., device: _Optional[_Union[ComputeDevice, _Mapping]] = ..., verified_version: _Optional[int] = ..., probe_version: _Optional[int] = ..., probe_kl: _Optional[float] = ..., probe_max_abs: _Optional[float] = ..., probe_verdict: _Optional[str] = ..., probe_reason: _Optional[str] = ..., returned: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class StatusResponse(_message.Message):
     __slots__ = ("server_id", "current_version", "uptime_s", "pending_samples", "outstanding_samples", "buffered_trajectories", "buffered_bytes", "ready_groups", "accepted", "duplicates", "rejected", "taken_groups", "requeued_samples", "groups", "samplers")

@@ -81,6 +81,11 @@ class RolloutStub:
                 request_serializer=mixrl_dot_v1_dot_rollout__pb2.ProbeReport.SerializeToString,
                 response_deserializer=mixrl_dot_v1_dot_rollout__pb2.ProbeAck.FromString,
                 _registered_method=True)
+        self.ReturnLease = channel.unary_unary(
+                '/mixrl.v1.Rollout/ReturnLease',
+                request_serializer=mixrl_dot_v1_dot_rollout__pb2.ReturnLeaseRequest.SerializeToString,
+                response_deserializer=mixrl_dot_v1_dot_rollout__pb2.ReturnLeaseResponse.FromString,
+                _registered_method=True)
 
 
 class RolloutServicer:
@@ -145,6 +150,13 @@ class RolloutServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReturnLease(self, request, context):
+        """Give back a lease this sampler cannot run (never a crash, never a silent drop).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RolloutServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -192,6 +204,11 @@ def add_RolloutServicer_to_server(servicer, server):
                     servicer.ReportProbe,
                     request_deserializer=mixrl_dot_v1_dot_rollout__pb2.ProbeReport.FromString,
                     response_serializer=mixrl_dot_v1_dot_rollout__pb2.ProbeAck.SerializeToString,
+            ),
+            'ReturnLease': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReturnLease,
+                    request_deserializer=mixrl_dot_v1_dot_rollout__pb2.ReturnLeaseRequest.FromString,
+                    response_serializer=mixrl_dot_v1_dot_rollout__pb2.ReturnLeaseResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -439,6 +456,33 @@ class Rollout:
             '/mixrl.v1.Rollout/ReportProbe',
             mixrl_dot_v1_dot_rollout__pb2.ProbeReport.SerializeToString,
             mixrl_dot_v1_dot_rollout__pb2.ProbeAck.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReturnLease(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mixrl.v1.Rollout/ReturnLease',
+            mixrl_dot_v1_dot_rollout__pb2.ReturnLeaseRequest.SerializeToString,
+            mixrl_dot_v1_dot_rollout__pb2.ReturnLeaseResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -77,6 +77,13 @@ class RunConfig(_Strict):
         if self.sft.steps > 0 and any(m.env == "dataset" for m in self.tasks.mix_entries()):
             raise ValueError("sft.steps: dataset tasks have no demonstrations to warm-start on "
                              "(set sft.steps: 0)")
+        if self.sft.steps > 0:
+            from envs.loading import has_demonstration, resolve_env
+
+            for m in self.tasks.mix_entries():
+                if not has_demonstration(resolve_env(m.env)):
+                    raise ValueError(f"sft.steps: environment {m.name!r} ({m.env}) writes no "
+                                     "demonstrations to warm-start on (set sft.steps: 0)")
         return self
 
     @model_validator(mode="after")

@@ -172,6 +172,9 @@ class TrainConfig(_Strict):
     eval_timeout_s: float = Field(600.0, gt=0)
     # A plain progress line every this many steps when the console is not a terminal (logs).
     log_every: int = Field(10, gt=0)
+    # Whole episodes kept per step in <run>/episodes/step_<n>.jsonl (trainer_jax.episode_log;
+    # multi-turn ones first); 0: none.
+    log_episodes: int = Field(4, ge=0)
 
     @field_validator("advantage")
     @classmethod
@@ -198,26 +201,37 @@ class TrainConfig(_Strict):
 
 
 class MixEntry(_Strict):
-    """One environment of a task mix: its share, difficulty and constructor options."""
+    """One environment of a task mix: its share, difficulty and constructor options.
+
+    ``env``: a built-in name, an import path ``module:Class`` (any importable subclass of
+    ``envs.base.Environment``) or an entry point of the ``mixrl.envs`` group (``envs.loading``).
+    ``name``: what metrics (``env/<name>/...``) and tasks call the entry; default the built-in or
+    entry point name, else the class name.
+    """
 
     env: str
+    name: str | None = Field(None, min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
     weight: float = Field(1.0, gt=0)
     difficulty: int = Field(1, ge=1)
     options: dict[str, Any] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _typed_options(self) -> MixEntry:
-        # Each environment's options model (envs.options): a misspelt name, a wrong type or value
-        # is one line here, not a TypeError at the first episode or a value silently kept. A
+        # The class is imported and each environment's options checked (envs.options, or an
+        # outside class's own model / keyword parameters): a misspelt module, class or option, a
+        # wrong type or value is one line here, not a TypeError at the first episode. A
         # dataset's files are read and every row checked too (envs.dataset.check_options).
+        from envs.loading import check_options, default_name, resolve_env
+
+        cls = resolve_env(self.env)
         if self.env == "dataset":
-            from envs.dataset import check_options
+            from envs.dataset import check_options as check_dataset
 
-            check_options(self.options)
+            check_dataset(self.options)
         else:
-            from envs.options import check_env_options
-
-            check_env_options(self.env, self.options)
+            check_options(self.env, cls, self.options)
+        if self.name is None:  # the model is frozen: the default is set once, here
+            object.__setattr__(self, "name", default_name(self.env, cls))
         return self
 
 
@@ -249,10 +263,9 @@ class TasksConfig(_Strict):
             raise ValueError("env: mix needs a non-empty mix list")
         if self.env != "mix" and self.mix:
             raise ValueError(f"mix is only read with env: mix (env is {self.env!r})")
-        from envs import ENVIRONMENTS
-
-        for name in [m.env for m in self.mix] if self.env == "mix" else [self.env]:
-            one_of(name, ENVIRONMENTS, "environment")
+        names = [m.name for m in self.mix_entries()]
+        if len(set(names)) != len(names):
+            raise ValueError(f"mix entries need distinct names (give each a name:), got {names}")
         for m in self.mix_entries():  # each entry's options were checked as it was built (MixEntry)
             if m.env == "shell":  # no jail here (not root, no cgroup): one line now, not at an episode
                 from envs.sandbox import SandboxUnavailable, check_jail_support

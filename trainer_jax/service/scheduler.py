@@ -185,7 +185,8 @@ class Scheduler:
                 # A pinned group larger than the session's room is still granted whole to a session
                 # holding nothing, so a sampler of capacity < G is not starved; the buffer bound holds.
                 whole_group_ok = not tasks and s.outstanding == 0 and size <= free and session_room > 0
-                if (size > room and not whole_group_ok) or self._too_old(s, task_id):
+                if ((size > room and not whole_group_ok) or self._too_old(s, task_id)
+                        or self._unrunnable(s, task_id)):
                     break
                 self.pending.popleft()
                 self.pending_samples -= size
@@ -199,6 +200,9 @@ class Scheduler:
             why = ("buffer full: the trainer has not taken enough groups" if free <= 0 else
                    "waiting for a sampler holding the tasks' weights version"
                    if self.pending and self._too_old(s, self.pending[0][0]) else
+                   f"waiting for a sampler that can run environment "
+                   f"{self.tasks[self.pending[0][0]].spec.env!r}"
+                   if self.pending and self._unrunnable(s, self.pending[0][0]) else
                    "session at its outstanding limit" if session_room <= 0 else
                    f"group {s.group!r} at its router quota ({quota})")
             return pb.LeaseResponse(retry_after_ms=_RETRY_MS_BUSY, reason=why)
@@ -209,13 +213,37 @@ class Scheduler:
         need = self.tasks[task_id].spec.min_version
         return need > 0 and s.weights_version < need
 
+    def _unrunnable(self, s: Session, task_id: int) -> bool:
+        """The session gave back a lease of this task's environment (``return_lease``)."""
+        return bool(s.unrunnable_envs) and self.tasks[task_id].spec.env in s.unrunnable_envs
+
+    def return_lease(self, req: pb.ReturnLeaseRequest) -> pb.ReturnLeaseResponse:
+        """A sampler gives back a live lease of its own: its samples go back to the front of the
+        queue now (not at the deadline), counted per reason; with ``env``, the session is not
+        leased that environment's tasks again."""
+        with self.lock:
+            s = self.touch(req.session_id)
+            lease = self.leases.get(req.lease_id)
+            if lease is None or lease.session_id != s.id:
+                raise Rejected(grpc.StatusCode.INVALID_ARGUMENT, "lease_id",
+                               "not a live lease of this session")
+            reason = "".join(c for c in (req.reason or "unspecified")[:64] if c.isprintable())
+            n = len(lease.remaining)
+            self._end_lease(lease, "")  # the sampler knows: not reported back as expired
+            s.returned[reason] += n
+            self.totals["returned_samples"] += n
+            if req.env:
+                s.unrunnable_envs.add(req.env[:128])
+            return pb.ReturnLeaseResponse(requeued=n)
+
     def _lease_evaluations(self, s: Session, room: int, now: float, now_unix: float) -> list[pb.Task]:
         """Grant the evaluation items this session may run, whole, within its ``room``."""
         tasks: list[pb.Task] = []
         for item in list(self.eval_pending):
             task_id, indices = item
             spec = self.tasks[task_id].spec
-            if spec.group not in (None, s.group) or s.weights_version < spec.min_version:
+            if (spec.group not in (None, s.group) or s.weights_version < spec.min_version
+                    or spec.env in s.unrunnable_envs):
                 continue
             if len(indices) > room and (tasks or s.outstanding):
                 break
@@ -455,6 +483,7 @@ class Scheduler:
                 "outstanding": s.outstanding, "weights_version": s.weights_version,
                 "weight_failures": s.weight_failures, "active_samples": s.active_samples,
                 "revoked": s.revoked, "revoked_reason": s.revoked_reason,
+                "returned": dict(s.returned), "unrunnable_envs": sorted(s.unrunnable_envs),
                 "last_seen_s_ago": now - s.last_seen, "probe": dataclasses.asdict(s.probe),
             } for s in self.sessions.values()]
             return {

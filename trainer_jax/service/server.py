@@ -71,7 +71,8 @@ class _Servicer(pb_grpc.RolloutServicer):
             max_outstanding=self.svc.scheduler.max_outstanding(s),
             max_message_bytes=cfg.limits.max_message_bytes, vocab_size=self.svc.vocab_size,
             current_version=self.svc.scheduler.current_version,
-            partial_rollouts=self.svc.partial_rollouts)
+            partial_rollouts=self.svc.partial_rollouts,
+            envs=[pb.EnvSpec(**e) for e in getattr(self.svc.source, "env_specs", ())])
 
     def Lease(self, request, context):
         try:
@@ -135,6 +136,12 @@ class _Servicer(pb_grpc.RolloutServicer):
 
     def Status(self, request, context):
         return self.svc.status_pb()
+
+    def ReturnLease(self, request, context):
+        try:
+            return self.svc.scheduler.return_lease(request)
+        except Rejected as e:
+            context.abort(e.code, str(e))
 
     def ReportProbe(self, request, context):
         try:
@@ -365,7 +372,8 @@ class RolloutService:
             device=pb.ComputeDevice(**s["device"]) if s.get("device") else None,
             verified_version=s["probe"]["verified_version"], probe_version=s["probe"]["version"],
             probe_kl=s["probe"]["kl"], probe_max_abs=s["probe"]["max_abs"],
-            probe_verdict=s["probe"]["verdict"], probe_reason=s["probe"]["reason"])
+            probe_verdict=s["probe"]["verdict"], probe_reason=s["probe"]["reason"],
+            returned=s["returned"])
             for s in st["samplers"]]
         return pb.StatusResponse(
             server_id=self.server_id, current_version=st["current_version"], uptime_s=st["uptime_s"],

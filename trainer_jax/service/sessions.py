@@ -82,6 +82,10 @@ class Session:
     #: for samplers that do not say
     device: dict = dataclasses.field(default_factory=dict)
     revoked_reason: str = ""
+    #: samples it gave back (``ReturnLease``) per reason, and the environments (``Task.env``) it
+    #: said it cannot run: it is not leased their tasks again
+    returned: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    unrunnable_envs: set[str] = dataclasses.field(default_factory=set)
     #: the version probe (``trainer_jax.service.probes``): the last report's version and verdict
     probe: ProbeState = dataclasses.field(default_factory=lambda: ProbeState())
 

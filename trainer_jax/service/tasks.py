@@ -21,6 +21,7 @@ import numpy as np
 from convert.tokenizer import char_tokenizer, source_dir
 from envs import Environment, Task, make_env
 from envs.base import split_finish_reason
+from envs.loading import default_name
 from envs.rewards import RewardPool, RewardResult
 from envs.tool_calls import turn_stats
 from mixrl_wire.sampling import SamplingParams
@@ -81,6 +82,11 @@ class EnvTaskSource:
         self.tokenizer = tokenizer or char_tokenizer()
         self.envs: list[Environment] = [
             make_env(m.env, self.tokenizer, difficulty=m.difficulty, **m.options) for m in mix]
+        # what tasks and metrics call each entry (MixEntry.name: default the env's name)
+        self.names = [m.name or default_name(m.env) for m in mix]
+        #: the mix as samplers receive it at registration (``RegisterResponse.envs``)
+        self.env_specs = [dict(name=n, env=m.env, options_json=json.dumps(m.options),
+                               difficulty=m.difficulty) for n, m in zip(self.names, mix, strict=True)]
         if evaluation:
             self.envs = [env.for_evaluation() if hasattr(env, "for_evaluation") else env for env in self.envs]
         for env in self.envs:
@@ -140,7 +146,7 @@ class EnvTaskSource:
         sampling = dataclasses.replace(
             sampling, stop_token_ids=tuple(dict.fromkeys((*sampling.stop_token_ids, *stops))),
             seed=int(np.random.default_rng([self.seed, n, 1]).integers(2**31)))
-        return TaskSpec(prompt_ids=prompt, env=task.env, sampling=sampling,
+        return TaskSpec(prompt_ids=prompt, env=self.names[self.envs.index(env)], sampling=sampling,
                         group_size=group_size or self.group_size, payload=json.dumps(task.payload).encode(),
                         max_policy_tokens=sampling.max_new_tokens if env.single_turn else None,
                         private=(task, env), **fields)
@@ -185,8 +191,11 @@ class EnvTaskSource:
             chat = getattr(env, "chat", None)
             if env is None or env.single_turn or chat is None:
                 continue
+            # An environment with tools of its own (``repo``) reads its turns itself.
+            stats_of = getattr(env, "turn_stats", None) or (
+                lambda ids, mask, chat=chat: turn_stats(chat, ids, mask))
             for t in g.trajectories:
-                counts = turn_stats(chat, t.token_ids, t.loss_mask)
+                counts = stats_of(t.token_ids, t.loss_mask)
                 stats[t.group].update(counts)
                 stats[""].update(counts)
         for group, c in stats.items():
@@ -195,6 +204,8 @@ class EnvTaskSource:
             values.update({f"{prefix}malformed": c["malformed_calls"] / turns,
                            f"{prefix}empty": c["empty_replies"] / turns,
                            f"{prefix}toolless": c["toolless_turns"] / turns})
+            if "call_turns" in c:  # share of turns with a well-formed call (CollapseAlarms watches it)
+                values[f"{prefix}call_rate"] = c["call_turns"] / turns
         return values
 
     def close(self) -> None:
