@@ -1,6 +1,6 @@
 """The sandbox's CPU-time and process-count limits, asserted (issue 37): with either limit dropped
 from ``envs/sandbox.py`` the other sandbox tests still passed (a 1 s CPU limit became a 6 s
-wall-clock run; 83 processes ran against a limit of 16). Each run here takes well under 2 s."""
+wall-clock run; 83 processes ran against a limit of 16). Each run here takes a few seconds at most."""
 
 from __future__ import annotations
 
@@ -21,13 +21,14 @@ SPAWNER = ("python3 -c \"import os, time\nn = 0\nfor i in range(40):\n    try:\n
 
 
 def test_a_one_second_cpu_limit_stops_a_busy_loop_long_before_the_wall_clock():
-    with Sandbox(SandboxLimits(wall_seconds=6.0, cpu_seconds=1, max_output_bytes=4096)) as sb:
+    # a generous wall clock: on a loaded machine 1 s of CPU can take a few seconds to accrue
+    with Sandbox(SandboxLimits(wall_seconds=10.0, cpu_seconds=1, max_output_bytes=4096)) as sb:
         t0 = time.monotonic()
         r = sb.run("while :; do :; done")
         elapsed = time.monotonic() - t0
-    # killed by the CPU rlimit (SIGKILL at the hard limit: 128 + 9), not by the 6 s wall clock
+    # killed by the CPU rlimit (SIGKILL at the hard limit: 128 + 9), not by the wall clock
     assert not r.timed_out and r.exit_code == 137 and not r.ok, r
-    assert elapsed < 4.0, elapsed
+    assert elapsed < 8.0, elapsed
 
 
 def test_a_process_limit_of_16_stops_a_spawner():
