@@ -32,7 +32,7 @@ import numpy as np
 from envs.base import Environment, Episode, StepResult, Task, register_env
 from envs.chat import Chat
 from envs.repo_tasks import generate
-from envs.repo_tools import NUDGE, TOOLS, grade_package, parse_calls, run_tool
+from envs.repo_tools import NUDGE, TOOLS, TrustedDir, grade_package, parse_calls, run_tool
 from envs.sandbox import Sandbox, SandboxLimits
 from envs.tool_calls import _reply_text
 
@@ -43,12 +43,13 @@ MALFORMED = ('error: a tool call must be {"name": one of ' + ", ".join(t["functi
 
 
 class RepoEpisode(Episode):
-    def __init__(self, env: RepoTasks, task: Task):
+    def __init__(self, env: RepoTasks, task: Task, *, trusted: bool = False):
         self.env, self.task, self.chat = env, task, env.chat
         self.kwargs = dict(task.payload.get("chat_template_kwargs") or {})
         self.prompt = env.prompt(task)
         self.stop_token_ids = self.chat.stop_ids
-        self.sandbox = env.new_sandbox(task)
+        # trusted: the scripted demonstration (our own package, no model output) runs unjailed.
+        self.sandbox = TrustedDir() if trusted else env.new_sandbox(task)
         for name, content in task.payload["files"].items():
             self.sandbox.write_file(name, content)
         self.turns = self.toolless = 0
@@ -101,8 +102,8 @@ class RepoEpisode(Episode):
         """One tool call's result text (errors are results too: the model reads them)."""
         output, ok = run_tool(self.sandbox, call, self.note_error, self.chat.tokenizer)
         self.outcomes[f"{call['name']}/{'ok' if ok else 'error'}"] += 1
-        limit = int(self.task.payload.get("max_observation_chars", self.env.max_observation_chars))
-        return output if len(output) <= limit else output[:limit] + "\n[output truncated]"
+        return _truncate(output, int(self.task.payload.get("max_observation_chars",
+                                                            self.env.max_observation_chars)))
 
     def demonstration(self) -> tuple[list[int], list[int]]:
         """Run the tests, read the first buggy module, replace each bug's snippet, run the tests again,
@@ -114,16 +115,26 @@ class RepoEpisode(Episode):
         plan += [("replace", {"path": b["path"], "old": b["buggy"], "new": b["correct"]}) for b in bugs]
         plan += [("run_tests", {}), ("submit", {})]
         stop = self.chat.stop_ids[0]
-        for name, args in plan:
+        calls = [{"name": name, "arguments": args} for name, args in plan[:-1]]
+        if isinstance(self.sandbox, TrustedDir):  # one interpreter for every call
+            limit = int(self.task.payload.get("max_observation_chars", self.env.max_observation_chars))
+            results = [_truncate(r, limit) for r in self.sandbox.run_calls(calls)]
+        else:
+            results = [self.call(c) for c in calls]
+        for i, (name, args) in enumerate(plan):
             body = json.dumps({"name": name, "arguments": args})
             call = self.chat.encode(f"<tool_call>\n{body}\n</tool_call>")
             ids += call + [stop]
             mask += [1] * (len(call) + 1)
             if name != "submit":
-                obs = self._next([{"role": "tool", "content": self.call({"name": name, "arguments": args})}])
+                obs = self._next([{"role": "tool", "content": results[i]}])
                 ids += obs
                 mask += [0] * len(obs)
         return ids, mask
+
+
+def _truncate(output: str, limit: int) -> str:
+    return output if len(output) <= limit else output[:limit] + "\n[output truncated]"
 
 
 @register_env
@@ -192,7 +203,9 @@ class RepoTasks(Environment):
                              allow_unbounded_memory=episode.sandbox.cgroup is None)
 
     def demonstration(self, task: Task) -> tuple[list[int], list[int]]:
-        with self.start(task) as episode:
+        """The scripted episode (``RepoEpisode.demonstration``), its tools run on our own package
+        in a plain temporary directory (``envs.repo_tools.TrustedDir``): no model output runs."""
+        with RepoEpisode(self, task, trusted=True) as episode:
             return episode.demonstration()
 
     def turn_stats(self, token_ids: np.ndarray, loss_mask: np.ndarray) -> dict[str, int]:

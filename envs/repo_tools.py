@@ -21,12 +21,14 @@ import json
 import re
 import secrets
 import shlex
+import subprocess
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from envs.jail_files import JailFileError, read_jail_text
 from envs.rewards.code_harness import EVALUATOR, grade, parse_tests
-from envs.sandbox import Sandbox, SandboxLimits
+from envs.sandbox import Sandbox, SandboxLimits, SandboxResult
 from envs.untrusted import escape_added_tokens, run_untrusted
 
 NUDGE = "Call a tool: read_file, replace, replace_lines, run_tests, or submit when the tests pass."
@@ -159,6 +161,65 @@ else:
 '''
 
 
+class TrustedDir:
+    """A temporary directory that runs commands without a jail, for the scripted demonstration
+    only: it runs the tool script on our own generated package (no model output), and a
+    demonstration per warm-start sequence through namespaces and cgroups would cost about a
+    second each. Same ``write_file`` / ``run`` / ``close`` as ``Sandbox``, same tool script."""
+
+    def __init__(self, wall_seconds: float = 10.0):
+        import tempfile
+
+        self._tmp = tempfile.TemporaryDirectory(prefix="mixrl-repo-demo-")
+        self.workdir = Path(self._tmp.name)
+        self.wall_seconds, self.cgroup, self.isolated = wall_seconds, None, False
+
+    def write_file(self, name: str, content: str) -> None:
+        path = self.workdir / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(content)
+
+    def run(self, command: str) -> SandboxResult:
+        proc = subprocess.run(["/bin/sh", "-c", command], cwd=self.workdir, env={"PATH": "/usr/bin:/bin"},
+                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              timeout=self.wall_seconds, check=False)
+        return SandboxResult(output=proc.stdout.decode("utf-8", errors="replace"), exit_code=proc.returncode,
+                             timed_out=False, output_truncated=False, isolated=False)
+
+    def run_calls(self, calls: list[dict]) -> list[str]:
+        """Each call's result text, as ``run_tool`` would give it, all in one interpreter (a
+        process per call is most of a demonstration's cost): the script runs once per call with
+        the modules it imported dropped again, so a later test run sees the edited files."""
+        requests = [base64.b64encode(json.dumps(c).encode()).decode() for c in calls]
+        command = f"exec /usr/bin/python3 -I -S -c {shlex.quote(_MANY)} {shlex.quote(json.dumps(requests))}"
+        parts = self.run(command).output.split(_SEPARATOR)
+        if len(parts) != len(calls) + 1:
+            raise RuntimeError(f"repo demonstration: {len(parts) - 1} results for {len(calls)} calls")
+        return [(p.rstrip() or "(no output)") for p in parts[:-1]]
+
+    def close(self) -> None:
+        self._tmp.cleanup()
+
+
+_SEPARATOR = "\x00--mixrl-call-end--\x00"
+_MANY = (r"""
+import contextlib, io, json, sys
+SCRIPT = @SCRIPT@
+before = set(sys.modules)
+for request in json.loads(sys.argv[1]):
+    out = io.StringIO()
+    sys.argv = ["-c", request]
+    with contextlib.redirect_stdout(out):
+        try:
+            exec(SCRIPT, {"__name__": "__main__"})
+        except SystemExit:
+            pass
+    for name in set(sys.modules) - before:
+        del sys.modules[name]
+    sys.stdout.write(out.getvalue() + @SEPARATOR@)
+""".replace("@SCRIPT@", repr(TOOL_SCRIPT)).replace("@SEPARATOR@", repr(_SEPARATOR)))
+
+
 def run_tool(sandbox: Sandbox, call: dict, note_error: Callable[[str], None], tokenizer) -> tuple[str, bool]:
     """``(result text, ok)`` of one call run in ``sandbox``; the text has the tokenizer's added
     tokens broken (``envs.untrusted``) so command output never becomes a control token."""
@@ -206,4 +267,4 @@ def grade_package(workdir, payload: dict, limits: SandboxLimits, note_error: Cal
     return passed / len(cases)
 
 
-__all__ = ["NAMES", "NUDGE", "TOOLS", "TOOL_SCRIPT", "grade_package", "parse_calls", "run_tool"]
+__all__ = ["NAMES", "NUDGE", "TOOLS", "TOOL_SCRIPT", "TrustedDir", "grade_package", "parse_calls", "run_tool"]

@@ -67,6 +67,10 @@ def test_demonstration_fixes_the_package_and_spans_thousands_of_tokens(env):
     assert f"{n} of {n} tests pass" in text
     stats = turn_stats(env.chat, np.asarray(ids), np.asarray(mask))
     assert stats["turns"] == stats["call_turns"] == stats["calls"] == 5 and stats["malformed_calls"] == 0
+    # The warm start's demonstrations run the tools unjailed in one interpreter (our own code);
+    # the same calls made one by one in the sandbox give the same tokens.
+    with env.start(task) as ep:
+        assert ep.demonstration() == (ids, mask)
 
 
 @needs_sandbox
