@@ -12,12 +12,20 @@ top_logprobs_num > 0, the sampling mask keys), ``utils/weight_versions.py`` (ver
 first with log b over it; ``SGLANG_RETURN_ORIGINAL_LOGPROB`` gives pre-temperature logprobs).
 
 The "model" is a fixed table of next-token logits per weights version, indexed by the previous
-token, so a test knows every distribution exactly.
+token, so a test knows every distribution exactly. Each token is drawn from the version served
+at that moment; with ``token_delay`` a request takes time, holds while the server is paused, and
+a reload lands in its middle. Pauses and flushes follow ``managers/scheduler.py`` and
+``scheduler_components/weight_updater.py``: ``in_place`` leaves running requests in the batch,
+and a cache flush (``flush_cache`` of an update, ``/flush_cache``) fails while any runs (the real
+scheduler asserts on the update's; here it is an HTTP 500); ``/flush_cache`` answers plain text,
+200 or 400 (``entrypoints/http_server.py``).
 """
 
 from __future__ import annotations
 
 import hashlib
+import threading
+import time
 
 import numpy as np
 from fake_http import JSONServer
@@ -56,7 +64,8 @@ class FakeSGLang(JSONServer):
         super().__init__()
         self.reset(**kwargs)
 
-    def reset(self, *, original_logprob: bool = False, noop_update: bool = False, **info) -> None:
+    def reset(self, *, original_logprob: bool = False, noop_update: bool = False,
+              token_delay: float = 0.0, **info) -> None:
         """A fresh server state (one socket serves a whole test module: closing one takes 0.5 s)."""
         for name in ("generate", "check_weights"):  # undo a test's stand-in route
             self.__dict__.pop(name, None)
@@ -64,6 +73,11 @@ class FakeSGLang(JSONServer):
         self.original_logprob, self.noop_update = original_logprob, noop_update
         self.version, self.model_path = "0", "/exports/v0"
         self.paused: str | None = None
+        self.token_delay = token_delay
+        self.running = 0        # requests being generated now
+        self.produced = 0       # output tokens generated since the reset
+        self.flushes = 0        # successful cache flushes
+        self._lock = threading.Lock()
         self.switch_after: tuple[int, str] | None = None  # (tokens, version) for the next call
         self.info = {"version": "0.5.21", "model_path": self.model_path, "dtype": "auto",
                      "kv_cache_dtype": "auto", "quantization": None, "sampling_backend": "flashinfer",
@@ -80,7 +94,7 @@ class FakeSGLang(JSONServer):
                     "/model_info": self.model_info}.get(path, lambda: (404, {"detail": "Not Found"}))()
         handler = {"/generate": self.generate, "/update_weights_from_disk": self.update,
                    "/pause_generation": self.pause, "/continue_generation": self.resume,
-                   "/weights_checker": self.check_weights}.get(path)
+                   "/weights_checker": self.check_weights, "/flush_cache": self.flush}.get(path)
         return handler(body) if handler else (404, {"detail": "Not Found"})
 
     def model_info(self):
@@ -98,7 +112,18 @@ class FakeSGLang(JSONServer):
         self.paused = None
         return 200, {"message": "Generation continued successfully.", "status": "ok"}
 
+    def flush(self, body):
+        with self._lock:
+            if self.running:
+                return 400, "Flush cache failed.\n"  # plain text, as SGLang answers
+            self.flushes += 1
+        return 200, "Cache flushed.\n"
+
     def update(self, body):
+        if body.get("flush_cache", True) and self.running:
+            return 500, {"detail": "AssertionError: Cache flush failed after updating weights"}
+        if body.get("flush_cache", True):
+            self.flushes += 1
         if "bad" in body["model_path"]:
             return 400, {"success": False, "message": "Failed to update weights: shape mismatch.\n"
                          "Rolling back to original weights.", "num_paused_requests": 0}
@@ -134,10 +159,16 @@ class FakeSGLang(JSONServer):
                               f"1 < top_k <= {self.info['sampling_mask_max_tokens']}; got "
                               f"top_k={top_k}. Lower top_k or increase --sampling-mask-max-tokens.")
         switch, self.switch_after = self.switch_after, None
-        return 200, [self._one(ids, sp, *rest, switch) for ids, sp, *rest in zip(
-            body["input_ids"], body["sampling_params"], per["top_logprobs_num"],
-            per["return_sampling_mask"], per["sampling_logprobs_mode"], per["logprob_start_len"],
-            strict=True)]
+        with self._lock:
+            self.running += 1
+        try:
+            return 200, [self._one(ids, sp, *rest, switch) for ids, sp, *rest in zip(
+                body["input_ids"], body["sampling_params"], per["top_logprobs_num"],
+                per["return_sampling_mask"], per["sampling_logprobs_mode"],
+                per["logprob_start_len"], strict=True)]
+        finally:
+            with self._lock:
+                self.running -= 1
 
     def _one(self, ids, sp, top_n, want_mask, mode, start, switch):
         rng = np.random.default_rng(sp.get("sampling_seed", 42))
@@ -150,8 +181,11 @@ class FakeSGLang(JSONServer):
         seq, out, lps, tops, masks, mask_lps, spans = list(ids), [], [], [], [], [], []
         finish = {"type": "length", "length": sp["max_new_tokens"]}
         for t in range(sp["max_new_tokens"]):
+            while self.paused:  # the scheduler runs no forward while paused
+                time.sleep(0.001)
             if switch and t == switch[0]:
-                version = self.version = switch[1]
+                self.version = switch[1]
+            version = self.version  # the weights served now
             if not spans or spans[-1]["version"] != version:
                 spans.append({"version": version, "start": t, "end": t})
             lq = logq(version, seq[-1], temp)
@@ -169,6 +203,9 @@ class FakeSGLang(JSONServer):
             mask_lps.append([float(v) for v in logb] if mode == "support"
                             else float(logb[list(keep).index(x)]))
             spans[-1]["end"] = t + 1
+            self.produced += 1
+            if self.token_delay:
+                time.sleep(self.token_delay)
             if x in sp.get("stop_token_ids", []):
                 finish = {"type": "stop", "matched": x}
                 break

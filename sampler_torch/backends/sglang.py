@@ -33,19 +33,37 @@ log q(s) - log b(s) must be the same log q(S) for every kept id in the head, whi
 ``SGLANG_RETURN_ORIGINAL_LOGPROB`` set (pre-temperature logprobs, invisible in ``/server_info``)
 fails whenever the temperature is not 1.
 
-Reload: ``/pause_generation {"mode": "retract"}`` (running requests go back to the queue and their
-KV cache is recomputed after the update, so each output token comes from one version, told by the
-spans), ``/update_weights_from_disk`` with the version label (applied at once while paused, the
-radix cache flushed), ``/continue_generation`` whatever happened, then ``/model_info`` must name
-the new path and version. (``in_place`` would keep old-weight KV and fail the cache flush.)
+Reload, as the trainer's ``train.partial_rollouts`` says (``set_partial_rollouts``, told at
+registration; on by default):
+
+- on: ``/pause_generation {"mode": "in_place"}`` (running requests stay in the batch with their
+  KV cache), ``/update_weights_from_disk`` with the version label and ``flush_cache: false``
+  (applied at once while paused; SGLang's scheduler asserts on a flush while requests run),
+  ``/continue_generation``: a long request spans the reload, its later tokens from the new
+  weights over keys/values the old ones computed, told by the ``weight_versions`` spans, as the
+  mixrl engine does. The radix cache, which still holds prefixes of the old weights, is flushed
+  (``/flush_cache``) as soon as none of this backend's requests is in flight: before the next
+  ``generate`` (the next turn of an episode recomputes its context on the new weights) and
+  before the version probe is scored (which therefore waits for the running request to end).
+- off: wait until every request this backend sent has finished on the old weights, hold new
+  ones back (``reload_gate.ReloadGate``), then ``/pause_generation {"mode": "retract"}`` (nothing
+  of ours left to retract), ``/update_weights_from_disk`` with the cache flushed,
+  ``/continue_generation``.
+
+Either way ``/continue_generation`` follows whatever happened, then ``/model_info`` must name the
+new path and version. SGLang >= 0.5.21 has every mode, so the abort-and-resubmit fallback (prompt
+plus tokens so far, the server recomputing the KV cache) is not needed here.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import shutil
 import sys
+import urllib.error
+import urllib.request
 from collections.abc import Sequence
 
 from sampler_torch.backends.http_server import (
@@ -56,6 +74,7 @@ from sampler_torch.backends.http_server import (
     token_versions,
     truncates,
 )
+from sampler_torch.backends.reload_gate import ReloadGate
 from sampler_torch.backends.sglang_protocol import (
     NEUTRAL,
     PINNED,
@@ -69,6 +88,8 @@ from sampler_torch.recipes import WeightLoadError, verify_export
 
 #: |log q(s) - log b(s) - log q(S)| allowed between the kept ids of one position (float32 logprobs)
 SEMANTICS_TOL = 1e-3
+
+log = logging.getLogger("mixrl.sampler")
 
 
 class SGLangBackend(ServerBackend):
@@ -86,6 +107,10 @@ class SGLangBackend(ServerBackend):
         super().__init__(url, **kwargs)
         self.server_info: dict = {}
         self.mask_cap = 4096
+        #: train.partial_rollouts (see the module doc); set by the sampler loop at registration
+        self.partial_rollouts = True
+        self._gate = ReloadGate()
+        self._flush_due = False  # an in-place reload left old-weight prefixes in the radix cache
         if check if check is not None else kwargs.get("process") is None:
             self.check_server()
 
@@ -107,6 +132,11 @@ class SGLangBackend(ServerBackend):
             backend.close()
             raise
         return backend
+
+    def set_partial_rollouts(self, enabled: bool) -> None:
+        """The trainer's ``train.partial_rollouts``: reload in place (a request spans it) or
+        after every request in flight has finished."""
+        self.partial_rollouts = bool(enabled)
 
     # ------------------------------------------------------------------ start-up check
 
@@ -131,36 +161,76 @@ class SGLangBackend(ServerBackend):
 
     def load_weights(self, model_dir: str | os.PathLike, version: int, *,
                      verify: bool = True) -> None:
-        """Verify the export's manifest here (when ``verify``), then have the server reload it
-        between decode steps (see the module doc).
+        """Verify the export's manifest here (when ``verify``), then have the server reload it:
+        in place under a running request with ``partial_rollouts``, else once our requests in
+        flight have finished (see the module doc).
 
         Raises ``WeightLoadError`` and leaves ``version`` unchanged if a step fails (SGLang rolls
         back to its old weights when a load fails).
         """
         if verify:
             verify_export(model_dir, require_manifest=True)
-        path = str(model_dir)
+        if self.partial_rollouts:
+            self._reload(str(model_dir), version, in_place=True)
+        else:
+            with self._gate.drained():  # our requests finish on the old weights first
+                self._reload(str(model_dir), version, in_place=False)
+        self.version = int(version)
+        self.model_dir = model_dir
+
+    def _reload(self, path: str, version: int, *, in_place: bool) -> None:
+        mode = "in_place" if in_place else "retract"
         try:
-            self._request("POST", "/pause_generation", {"mode": "retract"})
+            self._request("POST", "/pause_generation", {"mode": mode})
         except SGLangError as e:
-            raise WeightLoadError(f"sglang would not pause for {path}: {e}") from e
+            raise WeightLoadError(f"sglang would not pause ({mode}) for {path}: {e}") from e
         try:
             out = self._request("POST", "/update_weights_from_disk",
                                 {"model_path": path, "weight_version": str(version),
-                                 "abort_all_requests": False, "flush_cache": True})
+                                 "abort_all_requests": False, "flush_cache": not in_place})
         except SGLangError as e:
             raise WeightLoadError(f"sglang refused {path}: {e}") from e
         finally:
             self._request("POST", "/continue_generation", {})
         if not isinstance(out, dict) or not out.get("success"):
             raise WeightLoadError(f"sglang refused {path}: {(out or {}).get('message', out)}")
+        if in_place:
+            self._flush_due = True
         info = self._request("GET", "/model_info", None)
         served = (str((info or {}).get("model_path")), str((info or {}).get("weight_version")))
         if served != (path, str(version)):
             raise WeightLoadError(f"sglang acknowledged {path} as version {version} but /model_info "
                                   f"says model_path {served[0]}, weight_version {served[1]}")
-        self.version = int(version)
-        self.model_dir = model_dir
+
+    def _flush(self) -> bool:
+        """``POST /flush_cache`` (a plain-text answer: 200 flushed, 400 requests still running);
+        True once flushed."""
+        req = urllib.request.Request(self.url + "/flush_cache", data=b"", method="POST")
+        try:
+            with urllib.request.urlopen(req, timeout=min(self.timeout, 60)) as resp:
+                code, text = resp.status, ""
+        except urllib.error.HTTPError as e:
+            code, text = e.code, e.read().decode(errors="replace")[:200]
+        except (urllib.error.URLError, OSError) as e:
+            log.warning("sglang /flush_cache: %s unreachable (%s)", self.url, e)
+            return False
+        if code != 200:
+            log.warning("sglang /flush_cache refused (HTTP %d: %s); retried before the next "
+                        "request", code, text.strip())
+            return False
+        self._flush_due = False
+        return True
+
+    def _flush_if_due(self, *, wait: bool) -> None:
+        """Flush the radix cache after an in-place reload once nothing of ours runs; ``wait``
+        for the requests in flight to end (the probe must not reuse old-weight prefixes)."""
+        if not self._flush_due:
+            return
+        if wait:
+            with self._gate.drained():
+                self._flush()
+        else:
+            self._gate.when_idle(self._flush)
 
     def weights_digest(self) -> str | None:
         """A fingerprint of the weights the server holds now: ``/weights_checker``'s
@@ -193,12 +263,14 @@ class SGLangBackend(ServerBackend):
         if not todo:
             return out
         ids = [[*map(int, prompts[i]), *map(int, continuations[i])] for i in todo]
+        self._flush_if_due(wait=True)
         body = {"input_ids": ids,
                 "sampling_params": [{"max_new_tokens": 0, "temperature": 1.0, **NEUTRAL}
                                     for _ in todo],
                 "return_logprob": True, "top_logprobs_num": 0,
                 "logprob_start_len": [len(prompts[i]) - 1 for i in todo]}
-        items = self._items(self._request("POST", "/generate", body), len(todo))
+        with self._gate.request():
+            items = self._items(self._request("POST", "/generate", body), len(todo))
         for i, item in zip(todo, items, strict=True):
             want = [int(prompts[i][-1]), *map(int, continuations[i])]
             try:
@@ -238,7 +310,9 @@ class SGLangBackend(ServerBackend):
                 "return_logprob": True, "logprob_start_len": -1,
                 "top_logprobs_num": [p.head_k for p in plist], "return_sampling_mask": masks,
                 "sampling_logprobs_mode": ["support" if m else None for m in masks]}
-        items = self._items(self._request("POST", "/generate", body), len(prompts))
+        self._flush_if_due(wait=False)
+        with self._gate.request():
+            items = self._items(self._request("POST", "/generate", body), len(prompts))
         return [self._completion(i, list(map(int, prompt)), p, seed, item)
                 for i, (prompt, p, seed, item) in enumerate(zip(prompts, plist, seeds, items,
                                                                 strict=True))]

@@ -155,6 +155,7 @@ def exports(hf_model_dir, tmp_path_factory):
 def test_load_weights_pauses_retracting_reloads_and_checks_what_is_served(fake, exports):
     good, corrupt = exports
     backend = SGLangBackend(fake.url, version=0)
+    backend.set_partial_rollouts(False)  # in place: tests/sampler/test_partial_rollouts_servers.py
     sent = len(fake.requests)
     with pytest.raises(WeightLoadError, match="config.json"):
         backend.load_weights(corrupt, 1)  # refused here: the server never hears of it
