@@ -56,6 +56,18 @@ class ShellOptions(EnvOptions):
     allow_unbounded_memory: bool = False
 
 
+class RepoOptions(EnvOptions):
+    """``env: repo`` (``envs.repo``): ``episode_tokens`` should equal ``train.episode_tokens`` so
+    the environment, not the sampler's budget, ends (and grades) an episode that runs long."""
+
+    max_turns: int = Field(12, ge=1, le=1000)
+    episode_tokens: int = Field(4096, ge=1, le=1_000_000)
+    reply_reserve: int = Field(64, ge=0, le=1_000_000)
+    max_observation_chars: int = Field(3000, ge=1, le=1_000_000)
+    allow_unisolated: bool = False
+    allow_unbounded_memory: bool = False
+
+
 class DatasetOptions(RewardPoolOptions):
     """``env: dataset`` (``envs.dataset``); ``max_row_bytes`` caps each JSONL line as it is
     read, ``skip_bad_rows`` skips (and counts) rows that fail instead of refusing the file."""
@@ -81,7 +93,7 @@ class DatasetOptions(RewardPoolOptions):
 
 OPTIONS: dict[str, type[EnvOptions]] = {
     "arithmetic": ArithmeticOptions, "reverse": ReverseOptions, "chain": ChainOptions,
-    "chat_math": ChatMathOptions, "shell": ShellOptions, "dataset": DatasetOptions,
+    "chat_math": ChatMathOptions, "shell": ShellOptions, "dataset": DatasetOptions, "repo": RepoOptions,
 }
 
 
@@ -116,5 +128,6 @@ def check_env_options(env: str, options: dict[str, Any]) -> EnvOptions:
         raise ValueError(line) from None
 
 
-__all__ = ["OPTIONS", "ChainOptions", "ChatMathOptions", "DatasetOptions", "EnvOptions", "ShellOptions",
+__all__ = ["OPTIONS", "ChainOptions", "ChatMathOptions", "DatasetOptions", "EnvOptions", "RepoOptions",
+           "ShellOptions",
            "check_env_options", "describe_errors"]

@@ -30,6 +30,12 @@ PLOTS = {
     "terminations": ["termination/*"],
     # Tool episodes in the model's format: shares of turns (the seed's collapse signatures).
     "tool_calls": ["tool/*", "group/*/tool_malformed", "group/*/tool_empty", "group/*/tool_toolless"],
+    # Long agentic episodes (trainer_jax.episode_log): length, turns, tool-call outcomes, version lag.
+    "episode_length": ["episode/tokens", "episode/tokens_max"],
+    "episode_turns": ["episode/turns", "episode/turns_max"],
+    "tool_outcomes": ["tool/outcome/*", "tool/call_rate"],
+    "version_lag": ["episode/version_lag", "episode/version_lag_max", "episode/versions",
+                    "episode/spans_reload"],
     "reward_failures": ["reward_errors", "reward_timeouts", "group/*/reward_errors",
                         "group/*/reward_timeouts"],
 }
@@ -162,12 +168,14 @@ class CollapseAlarms:
       first round trip of weights, during which k3 is still far below its working level); once
       raised it holds until the average falls below ``kl_clear_factor`` x that level, so a k3 that
       hovers around the threshold does not raise and clear it every few steps;
-    - empty replies: their share rises above ``empty_share``.
+    - empty replies: their share rises above ``empty_share``;
+    - tool calls stopping (the write-up's collapse signature: an agent that stops calling tools):
+      the moving average of ``tool/call_rate`` falls below ``call_rate_drop`` x its best.
     """
 
     def __init__(self, *, baseline_steps: int = 5, window: int = 5, reward_drop: float = 0.5,
                  kl_factor: float = 3.0, kl_clear_factor: float = 2.0, empty_share: float = 0.3,
-                 settle_steps: int = 0):
+                 settle_steps: int = 0, call_rate_drop: float = 0.5):
         if not 0 < kl_clear_factor <= kl_factor:
             raise ValueError(f"kl_clear_factor must lie in (0, kl_factor={kl_factor}], got {kl_clear_factor}")
         self.baseline_steps, self.window, self.settle_steps = baseline_steps, window, settle_steps
@@ -178,9 +186,19 @@ class CollapseAlarms:
         self.kls: list[float] = []
         self.best_reward = -math.inf
         self._raised: set[str] = set()
+        self.call_rate_drop, self.call_rates, self.best_call_rate = call_rate_drop, [], -math.inf
 
-    def update(self, reward: float | None, k3: float | None, empty_share: float | None) -> list[str]:
+    def update(self, reward: float | None, k3: float | None, empty_share: float | None, *,
+               call_rate: float | None = None) -> list[str]:
         alarms = []
+        if call_rate is not None:
+            self.call_rates.append(call_rate)
+            recent = self.call_rates[-self.window:]
+            avg = sum(recent) / len(recent)
+            if len(self.call_rates) >= self.window:
+                self.best_call_rate = max(self.best_call_rate, avg)
+            if self.best_call_rate > 0 and avg < self.call_rate_drop * self.best_call_rate:
+                alarms.append(f"tool calls falling: call rate {avg:.2f} vs best {self.best_call_rate:.2f}")
         if reward is not None:
             self.rewards.append(reward)
             avg = sum(self.rewards[-self.window:]) / len(self.rewards[-self.window:])
