@@ -29,6 +29,7 @@ from trainer_jax.batching import PackedInputs
 from trainer_jax.config import OptimizerConfig
 from trainer_jax.models import Qwen3
 from trainer_jax.objective import Metrics, ObjectiveConfig, TokenBatch, policy_loss
+from trainer_jax.parallel import hooks
 from trainer_jax.parallel.context import ParallelContext
 from trainer_jax.parallel.mesh import make_mesh
 from trainer_jax.parallel.rules import ShardingRules
@@ -67,6 +68,8 @@ def policy_hidden(model: Qwen3, inputs: PackedInputs, micro_rows: int | None = N
     Micro-batch ``c`` takes rows ``c, c + n, c + 2n, ...`` (n micro-batches): with rows split over
     the data axes in contiguous blocks, every device keeps its own rows in every micro-batch.
     """
+    if (layout := hooks.override("sequence_layout")) is not None:  # context parallelism: zigzag rows
+        inputs = layout(inputs)
     ids, pos, seg = inputs.input_ids, inputs.positions, inputs.segment_ids
     rows = ids.shape[0]
     if not micro_rows or micro_rows >= rows:
@@ -86,6 +89,8 @@ def policy_hidden(model: Qwen3, inputs: PackedInputs, micro_rows: int | None = N
 
         parts = jax.lax.map(lambda chunk: forward(state, chunk), (split(ids), split(pos), split(seg)))
         hidden = parts.swapaxes(0, 1).reshape(rows, *parts.shape[2:])
+    if (gather := hooks.override("token_gather")) is not None:  # rows' blocks on several devices
+        return gather(hidden, inputs.token_rows, inputs.token_cols)
     return hidden[inputs.token_rows, inputs.token_cols]
 
 
@@ -187,7 +192,8 @@ class Learner:
     # -- traced functions ----------------------------------------------------------------------------
 
     def _loss(self, model: nnx.Module, inputs: PackedInputs, batch: TokenBatch) -> tuple[jax.Array, Metrics]:
-        hidden = self.context.constrain(policy_hidden(model, inputs, self.micro_rows), ("batch", "act_embed"))
+        hidden = policy_hidden(model, inputs, self.micro_rows)
+        hidden = self.context.constrain(hidden, ("tokens", "act_embed"))  # batch axes (+ context)
         return policy_loss(hidden, lm_head(model, hidden.dtype), batch, self.objective)
 
     def _step_fn(self, state: Any, inputs: PackedInputs, batch: TokenBatch):

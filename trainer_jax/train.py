@@ -359,7 +359,7 @@ class Trainer:
                                    "restored checkpoint: moved to weights/discarded/")
         self.meta["version"] = version
         summary = {"run_dir": str(self.run_dir), "formats": self.weight_formats(),
-                    "mesh": {a: int(self.mesh.shape[a]) for a in ("data", "fsdp", "expert", "tensor")},
+                    "mesh": {a: int(self.mesh.shape[a]) for a in self.mesh.axis_names},
                     "devices": int(self.mesh.size), "processes": self.lockstep.count}
         history = self.meta["history"]
         failed, started = True, False

@@ -83,7 +83,7 @@ def test_two_processes_train_checkpoint_resume_and_name_a_killed_process(tmp_pat
     assert "following process 0" in outputs[1]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert (summary["processes"], summary["devices"], summary["steps"]) == (2, 8, 2)
-    assert summary["mesh"] == {"data": 2, "fsdp": 2, "expert": 1, "tensor": 2}
+    assert summary["mesh"] == {"data": 2, "fsdp": 2, "expert": 1, "context": 1, "tensor": 2}
     # Both processes wrote their shards of the step-2 checkpoint.
     shards = {p.name for p in (run_dir / "checkpoints" / "2").rglob("ocdbt.process_*")}
     assert {"ocdbt.process_0", "ocdbt.process_1"} <= shards, sorted(shards)

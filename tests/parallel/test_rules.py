@@ -97,10 +97,10 @@ def test_hooks_are_inert_without_a_mesh():
 
 
 @pytest.mark.parametrize("sizes, devices, want", [
-    (dict(), 8, dict(data=8, fsdp=1, expert=1, tensor=1)),
-    (dict(fsdp=2, tensor=4), 8, dict(data=1, fsdp=2, expert=1, tensor=4)),
-    (dict(data=2, fsdp=-1, expert=2), 16, dict(data=2, fsdp=4, expert=2, tensor=1)),
-    (dict(data=-1, fsdp=4, dcn_data=2), 16, dict(data=2, fsdp=4, expert=1, tensor=1)),
+    (dict(), 8, dict(data=8, fsdp=1, expert=1, context=1, tensor=1)),
+    (dict(fsdp=2, tensor=4), 8, dict(data=1, fsdp=2, expert=1, context=1, tensor=4)),
+    (dict(data=2, fsdp=-1, expert=2), 16, dict(data=2, fsdp=4, expert=2, context=1, tensor=1)),
+    (dict(data=-1, fsdp=4, dcn_data=2), 16, dict(data=2, fsdp=4, expert=1, context=1, tensor=1)),
 ])
 def test_mesh_shape(sizes, devices, want):
     ici, dcn = mesh_shape(MeshConfig(**sizes), devices)

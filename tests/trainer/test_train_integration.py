@@ -60,7 +60,7 @@ def test_train_publish_and_resume(tmp_path):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["steps"] == 3 and not summary["publish_errors"]
     # One device is the degenerate mesh of the one learner.
-    assert summary["mesh"] == {"data": 1, "fsdp": 1, "expert": 1, "tensor": 1}
+    assert summary["mesh"] == {"data": 1, "fsdp": 1, "expert": 1, "context": 1, "tensor": 1}
     assert (summary["devices"], summary["processes"]) == (1, 1)
     assert set(summary["formats"]) == {"bf16", "fp8_block"}
     latest = (run_dir / "weights" / "LATEST").read_text().strip()

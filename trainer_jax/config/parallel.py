@@ -11,22 +11,25 @@ from pydantic import Field, model_validator
 
 from trainer_jax.config.base import Strict as _Strict
 
-_MESH_AXES = ("data", "fsdp", "expert", "tensor")
+_MESH_AXES = ("data", "fsdp", "expert", "context", "tensor")
 
 
 class MeshConfig(_Strict):
     """Sizes of the named mesh axes; their product is the number of devices.
 
-    ``data``/``fsdp``/``expert``/``tensor`` are the sizes within one slice (TPU) or host (GPU),
+    ``data``/``fsdp``/``expert``/``context``/``tensor`` are the sizes within one slice (TPU) or host (GPU),
     where devices share the fast interconnect; ``-1`` on one axis means "every device the others
     leave" (the default: pure data parallelism). ``dcn_data``/``dcn_fsdp`` multiply the data and
     fsdp axes across slices or hosts (the slow network). ``rules`` overrides the logical-axis
-    table of ``trainer_jax.parallel.rules``, e.g. ``{embed: [fsdp, data]}``.
+    table of ``trainer_jax.parallel.rules``, e.g. ``{embed: [fsdp, data]}``. ``context`` splits
+    every packed row's sequence (context parallelism, ``trainer_jax.parallel.sequence``); it is
+    never ``-1`` and has no cross-slice multiplier (its K/V traffic runs every layer).
     """
 
     data: int = -1
     fsdp: int = 1
     expert: int = 1
+    context: int = Field(1, ge=1)
     tensor: int = 1
     dcn_data: int = Field(1, gt=0)
     dcn_fsdp: int = Field(1, gt=0)

@@ -55,29 +55,33 @@ def _slice_t(x: Array, start, size: int, axis: int) -> Array:
     return jax.lax.dynamic_slice_in_dim(x, start, size, axis=axis)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
-def _flash(q, k, v, seg, block):
-    return _flash_fwd(q, k, v, seg, block)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
+def _flash(q, k, v, seg_q, seg_k, qb0, block):
+    return _flash_fwd(q, k, v, seg_q, seg_k, qb0, block)[0]
 
 
-def _flash_fwd(q, k, v, seg, block):
-    """``q [B, K, G, Tp, hd]``, ``k, v [B, K, Tp, hd]``, ``seg [B, Tp]``; Tp a multiple of block."""
-    b, kh, g, tp, hd = q.shape
-    nb = tp // block
+def _flash_fwd(q, k, v, seg_q, seg_k, qb0, block):
+    """``q [B, K, G, Tq, hd]`` at key positions ``qb0 * block + arange(Tq)`` (``qb0`` may be
+    traced: context parallelism's query chunks), ``k, v [B, K, Tk, hd]``, ``seg_q [B, Tq]``,
+    ``seg_k [B, Tk]``; Tq and Tk multiples of block. ``qb0 = 0, Tq = Tk``: plain self-attention."""
+    b, kh, g, tq, hd = q.shape
+    nq = tq // block
     scale = hd ** -0.5
-    first, _ = _run_bounds(seg)
-    lo_blocks = jnp.min(first[:, ::block], axis=0) // block  # [nb]
+    first, _ = _run_bounds(seg_k)
+    first_q = _slice_t(first, qb0 * block, tq, 1)
+    lo_blocks = jnp.min(first_q[:, ::block], axis=0) // block  # [nq], in the key block grid
 
     def query_block(_, xs):
         i, lo = xs
+        gi = qb0 + i  # this query block's index in the key grid
         qi = _slice_t(q, i * block, block, 3)
-        seg_q = _slice_t(seg, i * block, block, 1)
+        seg_qi = _slice_t(seg_q, i * block, block, 1)
 
         def key_block(j, carry):
             m, norm, acc = carry
             kj, vj = _slice_t(k, j * block, block, 2), _slice_t(v, j * block, block, 2)
-            s = _tile_scores(qi, kj, seg_q, _slice_t(seg, j * block, block, 1),
-                             i * block, j * block, scale)
+            s = _tile_scores(qi, kj, seg_qi, _slice_t(seg_k, j * block, block, 1),
+                             gi * block, j * block, scale)
             m_new = jnp.maximum(m, jnp.max(s, axis=-1))
             p = jnp.exp(s - m_new[..., None])
             # Rows with nothing visible yet carry junk (exp(0) of masked scores); every query
@@ -91,36 +95,36 @@ def _flash_fwd(q, k, v, seg, block):
         init = (jnp.full((b, kh, g, block), _NEG, jnp.float32),
                 jnp.zeros((b, kh, g, block), jnp.float32),
                 jnp.zeros((b, kh, g, block, hd), jnp.float32))
-        m, norm, acc = jax.lax.fori_loop(lo, i + 1, key_block, init)
+        m, norm, acc = jax.lax.fori_loop(lo, gi + 1, key_block, init)
         return None, ((acc / norm[..., None]).astype(q.dtype), m + jnp.log(norm))
 
-    _, (out, lse) = jax.lax.scan(query_block, None, (jnp.arange(nb), lo_blocks))
-    # [nb, B, K, G, block, ...] -> [B, K, G, Tp, ...]
-    out = jnp.moveaxis(out, 0, 3).reshape(b, kh, g, tp, hd)
-    lse = jnp.moveaxis(lse, 0, 3).reshape(b, kh, g, tp)
-    return out, (q, k, v, seg, out, lse)
+    _, (out, lse) = jax.lax.scan(query_block, None, (jnp.arange(nq), lo_blocks))
+    # [nq, B, K, G, block, ...] -> [B, K, G, Tq, ...]
+    out = jnp.moveaxis(out, 0, 3).reshape(b, kh, g, tq, hd)
+    lse = jnp.moveaxis(lse, 0, 3).reshape(b, kh, g, tq)
+    return out, (q, k, v, seg_q, seg_k, qb0, out, lse)
 
 
 def _flash_bwd(block, res, dout):
-    q, k, v, seg, out, lse = res
-    b, kh, g, tp, hd = q.shape
-    nb = tp // block
+    q, k, v, seg_q, seg_k, qb0, out, lse = res
+    b, kh, g, tq, hd = q.shape
+    nq, nk = tq // block, k.shape[2] // block
     scale = hd ** -0.5
-    _, last = _run_bounds(seg)
-    hi_blocks = jnp.max(last[:, block - 1::block], axis=0) // block + 1  # [nb], exclusive
-    delta = jnp.sum(dout.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)  # [B,K,G,Tp]
+    _, last = _run_bounds(seg_k)
+    hi_blocks = jnp.max(last[:, block - 1::block], axis=0) // block + 1  # [nk], exclusive
+    delta = jnp.sum(dout.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)  # [B,K,G,Tq]
 
     def key_block(dq, xs):
         j, hi = xs
         kj, vj = _slice_t(k, j * block, block, 2), _slice_t(v, j * block, block, 2)
-        seg_k = _slice_t(seg, j * block, block, 1)
+        seg_kj = _slice_t(seg_k, j * block, block, 1)
 
-        def query_block(i, carry):
+        def query_block(i, carry):  # i: local query block (key grid block qb0 + i)
             dq, dk, dv = carry
             qi = _slice_t(q, i * block, block, 3)
             doi = _slice_t(dout, i * block, block, 3)
-            s = _tile_scores(qi, kj, _slice_t(seg, i * block, block, 1), seg_k,
-                             i * block, j * block, scale)
+            s = _tile_scores(qi, kj, _slice_t(seg_q, i * block, block, 1), seg_kj,
+                             (qb0 + i) * block, j * block, scale)
             p = jnp.exp(s - _slice_t(lse, i * block, block, 3)[..., None])
             dv = dv + jnp.einsum("bkgqs,bkgqd->bksd", p.astype(doi.dtype), doi,
                                  preferred_element_type=jnp.float32)
@@ -132,14 +136,15 @@ def _flash_bwd(block, res, dout):
             return jax.lax.dynamic_update_slice_in_dim(dq, dqi, i * block, axis=3), dk, dv
 
         zeros = jnp.zeros((b, kh, block, hd), jnp.float32)
-        dq, dk, dv = jax.lax.fori_loop(j, hi, query_block, (dq, zeros, zeros))
+        lo_i, hi_i = jnp.maximum(j - qb0, 0), jnp.minimum(hi - qb0, nq)
+        dq, dk, dv = jax.lax.fori_loop(lo_i, hi_i, query_block, (dq, zeros, zeros))
         return dq, (dk, dv)
 
     dq, (dk, dv) = jax.lax.scan(key_block, jnp.zeros(q.shape, jnp.float32),
-                                (jnp.arange(nb), hi_blocks))
-    dk = jnp.moveaxis(dk, 0, 2).reshape(b, kh, tp, hd)
-    dv = jnp.moveaxis(dv, 0, 2).reshape(b, kh, tp, hd)
-    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None
+                                (jnp.arange(nk), hi_blocks))
+    dk = jnp.moveaxis(dk, 0, 2).reshape(b, kh, nk * block, hd)
+    dv = jnp.moveaxis(dv, 0, 2).reshape(b, kh, nk * block, hd)
+    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None, None
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
@@ -158,5 +163,26 @@ def attention_blocked(q: Array, k: Array, v: Array, segment_ids: Array, *,
     kb = jnp.pad(k, padt).transpose(0, 2, 1, 3)
     vb = jnp.pad(v, padt).transpose(0, 2, 1, 3)
     seg = jnp.pad(segment_ids, [(0, 0), (0, pad)])
-    out = _flash(qb, kb, vb, seg, block)  # [B, K, G, Tp, hd]
+    out = _flash(qb, kb, vb, seg, seg, jnp.int32(0), block)  # [B, K, G, Tp, hd]
     return out.transpose(0, 3, 1, 2, 4).reshape(b, t + pad, h, hd)[:, :t]
+
+
+def attention_blocked_chunk(q: Array, k: Array, v: Array, seg_q: Array, seg_k: Array,
+                            q_start: Array | int, *, block: int) -> Array:
+    """Queries ``q [B, Tq, H, hd]`` at positions ``q_start + arange(Tq)`` of the key sequence
+    ``k, v [B, Tk, K, hd]`` (``seg_q`` is ``seg_k`` at those positions): the blocked attention of
+    one query chunk against the whole row, as context parallelism runs it per device.
+
+    ``q_start`` may be traced; it, ``Tq`` and ``Tk`` must be multiples of ``block`` (the caller
+    picks a block dividing its chunk length). Same masking and result as the rows of
+    ``attention_blocked`` on the whole sequence at those positions.
+    """
+    b, tq, h, hd = q.shape
+    kh, tk = k.shape[2], k.shape[1]
+    if tq % block or tk % block:
+        raise ValueError(f"query chunk {tq} and key length {tk} must be multiples of block {block}")
+    qb = q.reshape(b, tq, kh, h // kh, hd).transpose(0, 2, 3, 1, 4)
+    kb, vb = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
+    qb0 = jnp.asarray(q_start, jnp.int32) // block
+    out = _flash(qb, kb, vb, jnp.asarray(seg_q, jnp.int32), jnp.asarray(seg_k, jnp.int32), qb0, block)
+    return out.transpose(0, 3, 1, 2, 4).reshape(b, tq, h, hd)

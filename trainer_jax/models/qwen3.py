@@ -48,6 +48,10 @@ class Linear(nnx.Linear):
     """
 
     def __call__(self, x: Array) -> Array:
+        if hooks.override("sequence_layout") is not None:
+            # Context parallelism splits both B and T: [B*T] has no block layout, and merging
+            # them would all-gather the sequence (parallel/sequence.py).
+            return super().__call__(x)
         return super().__call__(x.reshape(-1, x.shape[-1])).reshape(*x.shape[:-1], self.out_features)
 
 

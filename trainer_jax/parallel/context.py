@@ -40,6 +40,12 @@ class ParallelContext:
             from trainer_jax.parallel.vocab import vocab_parallel_lse_and_logits_at
 
             return partial(vocab_parallel_lse_and_logits_at, self)
+        if name in ("attention", "sequence_layout", "token_gather") and self.mesh.shape.get("context", 1) > 1:
+            from trainer_jax.parallel import sequence  # context parallelism: rows' sequences split
+
+            impl = {"attention": sequence.context_attention, "sequence_layout": sequence.layout_inputs,
+                    "token_gather": sequence.token_gather}[name]
+            return partial(impl, self)
         if name == "attention":
             from trainer_jax.parallel.attention import attention_forward
 

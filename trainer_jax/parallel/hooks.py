@@ -41,7 +41,8 @@ def constrain(x: jax.Array, logical_axes: Sequence[str | None]) -> jax.Array:
 
 def override(name: str) -> Callable[..., Any] | None:
     """The active context's replacement for operation ``name`` (``"moe"``, ``"lse_and_logits_at"``,
-    ``"layer_stack"``, ``"embed"``, ``"attention"``)."""
+    ``"layer_stack"``, ``"embed"``, ``"attention"``; with a ``context`` axis also
+    ``"sequence_layout"`` and ``"token_gather"``, ``parallel/sequence.py``)."""
     hooks = _ACTIVE.get()
     return None if hooks is None else hooks.override(name)
 

@@ -1,12 +1,15 @@
-"""The device mesh: named axes ``data``, ``fsdp``, ``expert``, ``tensor`` from a ``MeshConfig``.
+"""The device mesh: named axes ``data``, ``fsdp``, ``expert``, ``context``, ``tensor`` from a
+``MeshConfig``.
 
 Axis order is major to minor: ``tensor`` is innermost because tensor parallelism communicates
-inside every layer (all-reduces of activations) and must sit on the nearest devices; ``expert``
+inside every layer (all-reduces of activations) and must sit on the nearest devices; ``context``
+next (each attention layer gathers the row's K/V over it and reduce-scatters their gradient, so
+it wants the fast interconnect too, and it never spans slices: no ``dcn_context``); ``expert``
 next (one all-gather / reduce-scatter of tokens per MoE layer); ``fsdp`` gathers weights once per
 layer and reduce-scatters gradients; ``data`` only all-reduces gradients, once per step, so it
 is outermost and the one that may span the slow network (``dcn_data``).
 
-Every mesh has all four axes (size 1 when unused), so partitioning rules never need to know
+Every mesh has all five axes (size 1 when unused), so partitioning rules never need to know
 which axes a run uses. Axes are ``AxisType.Auto``: the SPMD partitioner propagates shardings
 from the annotated inputs, parameters and activations.
 """
@@ -26,8 +29,9 @@ from trainer_jax.config import ConfigError, MeshConfig
 
 log = logging.getLogger("mixrl.parallel")
 
-AXES: tuple[str, ...] = ("data", "fsdp", "expert", "tensor")
-#: Axes that split the batch: every axis but ``tensor`` (whose devices share their tokens).
+AXES: tuple[str, ...] = ("data", "fsdp", "expert", "context", "tensor")
+#: Axes that split the batch's rows: every axis but ``context`` (which splits each row's sequence)
+#: and ``tensor`` (whose devices share their tokens).
 BATCH_AXES: tuple[str, ...] = ("data", "fsdp", "expert")
 _DCN = {"data": "dcn_data", "fsdp": "dcn_fsdp"}
 
@@ -94,5 +98,5 @@ def make_mesh(cfg: MeshConfig | None = None, *, devices: Sequence[jax.Device] | 
 
 
 def describe(mesh: Mesh) -> str:
-    """``data=2 fsdp=2 expert=2 tensor=1`` for logs and benchmark keys."""
+    """``data=2 fsdp=2 expert=2 context=1 tensor=1`` for logs and benchmark keys."""
     return " ".join(f"{a}={mesh.shape[a]}" for a in mesh.axis_names)

@@ -26,7 +26,9 @@ MoE down      [E, F, D]     experts, moe_mlp, embed expert, tensor, fsdp
 norms         [D] / [hd]    -                       replicated
 ==========================  ======================  =======================================
 
-Activations: ``batch`` -> (data, fsdp, expert), ``seq`` and ``act_embed`` replicated, heads and
+Activations: ``batch`` -> (data, fsdp, expert), ``seq`` -> context (context parallelism: each
+row's sequence split, ``sequence.py``), ``tokens`` (the step's N policy tokens) -> (data, fsdp,
+expert, context), ``act_embed`` replicated, heads and
 MLP columns -> tensor (so attention and MLP run Megatron-style between the column and row
 splits). A dimension that a mesh axis does not divide is not split over that axis (with a
 ``units`` granularity: attention projections split only at head boundaries, so a model with
@@ -57,7 +59,8 @@ def spec_axes(spec: P, dim: int) -> tuple[str, ...]:
 
 LOGICAL_AXES: dict[str, tuple[str, ...]] = {
     "batch": ("data", "fsdp", "expert"),
-    "seq": (),
+    "seq": ("context",),
+    "tokens": ("data", "fsdp", "expert", "context"),
     "act_embed": (),
     "embed": ("fsdp",),
     "vocab": ("tensor",),

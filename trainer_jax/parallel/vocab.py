@@ -40,7 +40,7 @@ def combine_lse(lse_i: Array, ent_i: Array, axes: Sequence[str]) -> tuple[Array,
 
 
 def _specs(ctx: ParallelContext, n: int, v: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    tokens = ctx.rules.mesh_axes("batch", n, ctx.mesh)
+    tokens = ctx.rules.mesh_axes("tokens", n, ctx.mesh)  # the batch axes, and context if any
     vocab = ctx.rules.mesh_axes("vocab", v, ctx.mesh)
     return tokens, vocab
 
