@@ -9,8 +9,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV_SCRIPT = ROOT / "scripts" / "vllm_cpu_env.sh"
-#: a 2-layer Qwen3, hidden 64, head_dim 32, tied embeddings (as Qwen3's small models)
-CONFIG = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+#: a 2-layer Qwen3, hidden 64, head_dim 32, tied embeddings (as Qwen3's small models), over the
+#: character tokenizer's vocabulary (so the rollout service's environments can run on it)
+CONFIG = dict(vocab_size=106, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
               num_attention_heads=2, num_key_value_heads=1, head_dim=32,
               tie_word_embeddings=True, rope_theta=10000.0, max_position_embeddings=1024)
 
@@ -37,6 +38,7 @@ def tiny_export(out: Path, seed: int) -> Path:
 
     from convert.export import export_hf
     from convert.hf_checkpoint import HFCheckpoint
+    from convert.tokenizer import char_tokenizer
 
     torch.manual_seed(seed)
     model = Qwen3ForCausalLM(Qwen3Config(**CONFIG)).eval()
@@ -50,8 +52,11 @@ def tiny_export(out: Path, seed: int) -> Path:
                 p.normal_(0, 0.15)
     hf = out.parent / f"{out.name}-hf"
     model.save_pretrained(hf)
+    tok = char_tokenizer()
+    assert tok.get_vocab_size() == CONFIG["vocab_size"]
+    tok.save(str(hf / "tokenizer.json"))
     ckpt = HFCheckpoint(hf)
-    return Path(export_hf(ckpt.tensors(), ckpt.config, out, "bf16"))
+    return Path(export_hf(ckpt.tensors(), ckpt.config, out, "bf16", copy_files_from=hf))
 
 
 def hf_logprobs(export: Path, seq: list[int]):

@@ -146,7 +146,7 @@ def wait_healthy(probe, proc: subprocess.Popen, what: str, timeout: float,
             if time.monotonic() > deadline:
                 stop_server(proc)
                 raise fail(f"not healthy after {timeout}s") from None
-            time.sleep(2)
+            time.sleep(0.5)
 
 
 def stop_server(proc: subprocess.Popen | None, grace: float = 30.0) -> None:

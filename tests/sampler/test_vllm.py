@@ -13,6 +13,7 @@ import copy
 import hashlib
 import json
 import math
+import shutil
 import sys
 import threading
 import time
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from fake_http import JSONServer, good_and_corrupt_exports
+from fake_http import JSONServer
 
 from sampler_torch.backends import VLLMBackend, VLLMError, vllm_server_args
 from sampler_torch.backends.vllm import WORKER_DIR
@@ -468,5 +469,19 @@ def test_mixrl_sample_refuses_a_recipe_the_server_cannot_serve(exports, capsys, 
 
 @pytest.fixture(scope="module")
 def exports(hf_model_dir, tmp_path_factory):
-    path, _ = hf_model_dir("dense_tied_gqa2")
-    return good_and_corrupt_exports(path, tmp_path_factory.mktemp("vl"))
+    """A bf16 export with the character tokenizer (the rollout service's environments need
+    one) and a corrupt copy."""
+    from convert.export import export_hf
+    from convert.hf_checkpoint import HFCheckpoint
+    from convert.tokenizer import char_tokenizer
+
+    root = tmp_path_factory.mktemp("vl")
+    path = root / "hf"
+    shutil.copytree(hf_model_dir("dense_tied_gqa2")[0], path)
+    char_tokenizer().save(str(path / "tokenizer.json"))
+    ckpt = HFCheckpoint(path)
+    good = export_hf(ckpt.tensors(), ckpt.config, root / "v1", "bf16", copy_files_from=path)
+    bad = root / "corrupt"
+    shutil.copytree(good, bad)
+    (bad / "config.json").write_text((bad / "config.json").read_text() + " ")
+    return good, bad
