@@ -173,7 +173,13 @@ def token_terms(hidden: Array, lm_head: Array, batch: TokenBatch, config: Object
         "token_loss": sg(loss),
     }
     if batch.versions is not None and batch.trainer_version is not None:
-        per_token["staleness"] = (batch.trainer_version - batch.versions).astype(f32)
+        behind = batch.trainer_version - batch.versions
+        per_token["staleness"] = behind.astype(f32)
+        # Shares of tokens 0, 1 and 2+ versions behind the trainer: with partial rollouts one
+        # episode's tokens may fall in several (a reload mid-request, or between its turns).
+        per_token["staleness/0"] = (behind <= 0).astype(f32)
+        per_token["staleness/1"] = (behind == 1).astype(f32)
+        per_token["staleness/2plus"] = (behind >= 2).astype(f32)
     return TokenTerms(
         loss=loss,
         valid=valid,
