@@ -121,6 +121,39 @@ def test_reload_changes_weights_digest_and_versions(server, exports):
     assert info == {"weight_version": "2"}
 
 
+def test_the_live_server_answers_the_version_probe(server, exports, tmp_path):
+    """``sampler_torch.probe``'s report from the live server: a load of the version whose
+    ``probe.json`` holds transformers' teacher-forced log p scores within the bf16 noise of it;
+    a reload that changes nothing on the server is reported as ``weights_unchanged``."""
+    import shutil
+
+    from mixrl_wire.probe import PROBE_FILE, PROBE_FORMAT, compare, flatten
+    from sampler_torch.probe import build_report, digest
+
+    prompts, conts = [[3, 4, 5], [10, 11]], [[20, 30, 40, 50], [60, 70, 80]]
+    logp = []
+    for prompt, cont in zip(prompts, conts, strict=True):
+        ref = hf_logprobs(exports[0], prompt + cont)
+        logp.append([float(ref[len(prompt) + t - 1, x]) for t, x in enumerate(cont)])
+    version_dir = tmp_path / "v4"
+    shutil.copytree(exports[0], version_dir)
+    (version_dir / PROBE_FILE).write_text(json.dumps({
+        "probe_format": PROBE_FORMAT, "version": 4, "seed": 0, "prompts": prompts,
+        "continuations": conts, "logprobs": logp}))
+    before = digest(server)
+    server.load_weights(version_dir, 4, verify=False)
+    report = build_report(server, 4, version_dir, before=before, files_changed=True)
+    assert not report.error and not report.weights_unchanged
+    cmp = compare(flatten(logp), list(report.logprobs))
+    assert cmp.tokens == 7 and cmp.max_abs < ATOL and cmp.kl < 1e-3
+    # the same weights again, as if a new version: the server's fingerprint does not move
+    before = digest(server)
+    server.load_weights(version_dir, 5, verify=False)
+    report = build_report(server, 5, version_dir, before=before, files_changed=True)
+    assert report.weights_unchanged and report.weights_digest == before
+    server.load_weights(exports[1], 2)  # back to where the next tests expect it
+
+
 def test_refused_reload_keeps_the_version_and_the_weights(server, exports, tmp_path):
     before = server.weights_digest()
     with pytest.raises(WeightLoadError, match="vllm refused"):
