@@ -38,3 +38,14 @@ def test_micro_batches_add_sums_and_counts():
     assert "group/x" not in r
     empty = _reduced(token_metrics({"x": jnp.array([5.0])}, jnp.array([0]), None, 1))
     assert math.isnan(float(empty["x"])) and float(empty["tokens"]) == 0.0
+
+
+def test_masked_logsumexp_is_exact_away_from_zero_and_minus_inf_for_empty_rows():
+    from trainer_jax.objective.loss import _masked_logsumexp
+
+    x = jnp.array([[3.0, 5.0, 100.0], [-40.0, -42.0, jnp.nan], [1.0, 2.0, 3.0]])
+    mask = jnp.array([[True, True, False], [True, True, False], [False, False, False]])
+    got = np.asarray(_masked_logsumexp(x, mask))
+    want = [np.logaddexp(3.0, 5.0), np.logaddexp(-40.0, -42.0)]
+    np.testing.assert_allclose(got[:2], want, rtol=1e-6)
+    assert got[2] == -np.inf  # no entry: -inf, not NaN
