@@ -44,6 +44,15 @@ def _env_of(group) -> Any:
     return private[1] if isinstance(private, tuple) and len(private) == 2 else None
 
 
+def _whole(group, t) -> tuple[np.ndarray, np.ndarray]:
+    """A record's whole episode, prompt first: a ``TrajectoryRecord`` holds the tokens after the
+    prompt, and the prompt is the task's (as ``Sample.from_record`` joins them)."""
+    prompt = np.asarray(getattr(group.task, "prompt_ids", ()) or (), np.int32)
+    mask = np.asarray(t.loss_mask)
+    return (np.concatenate([prompt, np.asarray(t.token_ids, np.int32)]),
+            np.concatenate([np.zeros(len(prompt), mask.dtype), mask]))
+
+
 def _parser(env):
     """The environment's tool-call parser (``repo``'s tools or the shell's), or None."""
     if env is None or env.single_turn or getattr(env, "chat", None) is None:
@@ -66,15 +75,17 @@ def _outcome(observation: str, malformed: int, calls: int) -> str:
     return "error" if "error:" in observation else "ok"
 
 
-def episode_record(t, env, tokenizer, trainer_version: int) -> dict:
-    """One trajectory as the log keeps it (see the module docstring)."""
+def episode_record(group, t, tokenizer, trainer_version: int) -> dict:
+    """One trajectory of ``group`` as the log keeps it (see the module docstring)."""
+    env = _env_of(group)
     parse = _parser(env)
+    token_ids, loss_mask = _whole(group, t)
     termination, errors = split_finish_reason(getattr(t, "finish_reason", "") or "")
     versions = np.asarray(t.versions, np.int64)
     turns: list[dict] = []
     p = 0  # policy-token index into versions
-    for a, b, policy in segments(t.loss_mask):
-        text = tokenizer.decode([int(x) for x in t.token_ids[a:b]], skip_special_tokens=False)
+    for a, b, policy in segments(loss_mask):
+        text = tokenizer.decode([int(x) for x in token_ids[a:b]], skip_special_tokens=False)
         if not policy:
             turns.append({"role": "prompt" if a == 0 else "observation", "tokens": b - a, "text": text})
             continue
@@ -92,7 +103,7 @@ def episode_record(t, env, tokenizer, trainer_version: int) -> dict:
     return {"task_id": int(t.task_id), "sample_index": int(t.sample_index), "group": t.group,
             "sampler": getattr(t, "sampler_name", ""), "env": getattr(env, "name", None),
             "reward": None if t.reward is None else float(t.reward), "termination": termination,
-            "errors": errors, "tokens": int(len(t.token_ids)), "policy_tokens": int(t.loss_mask.sum()),
+            "errors": errors, "tokens": int(len(token_ids)), "policy_tokens": int(loss_mask.sum()),
             "turns_policy": sum(turn["role"] == "policy" for turn in turns),
             "versions": sorted({int(v) for v in versions}), "trainer_version": int(trainer_version),
             "turns": turns}
@@ -103,7 +114,7 @@ def episode_metrics(groups, trainer_version: int) -> dict[str, float]:
     trajectories = [t for g in groups for t in g.trajectories]
     if not trajectories:
         return {}
-    tokens = np.asarray([len(t.token_ids) for t in trajectories], np.float64)
+    tokens = np.asarray([len(_whole(g, t)[0]) for g in groups for t in g.trajectories], np.float64)
     turns = np.asarray([sum(pol for _, _, pol in segments(t.loss_mask)) for t in trajectories], np.float64)
     distinct = np.asarray([len(np.unique(t.versions)) if len(t.versions) else 0 for t in trajectories],
                           np.float64)
@@ -158,9 +169,9 @@ class EpisodeLog:
     def write(self, step: int, groups, trainer_version: int) -> Path | None:
         if self.per_step <= 0:
             return None
-        picked = [(t, _env_of(g)) for g in groups for t in g.trajectories]
+        picked = [(g, t) for g in groups for t in g.trajectories]
         # Multi-turn episodes first, then in arrival order.
-        picked.sort(key=lambda te: -int(sum(pol for _, _, pol in segments(te[0].loss_mask)) > 1))
+        picked.sort(key=lambda gt: -int(sum(pol for _, _, pol in segments(gt[1].loss_mask)) > 1))
         picked = picked[: self.per_step]
         if not picked:
             return None
@@ -168,8 +179,8 @@ class EpisodeLog:
         path = self.dir / f"step_{step}.jsonl"
         tmp = path.with_suffix(".jsonl.tmp")
         with open(tmp, "w") as f:
-            for t, env in picked:
-                record = episode_record(t, env, self.tokenizer, trainer_version)
+            for g, t in picked:
+                record = episode_record(g, t, self.tokenizer, trainer_version)
                 f.write(json.dumps(record, ensure_ascii=False) + "\n")
         tmp.replace(path)
         return path

@@ -25,14 +25,18 @@ def repo_env(tmp_path_factory):
 def _trajectory(env, seed: int, *, versions_by_turn, reward: float, task_id: int = 0):
     task = env.sample_task(np.random.default_rng(seed), f"t{seed}")
     ids, mask = env.demonstration(task)
-    ids, mask = np.asarray(ids, np.int32), np.asarray(mask, np.uint8)
+    # A record holds the tokens after the prompt; the task spec holds the prompt.
+    prompt = env.prompt(task)
+    assert ids[: len(prompt)] == prompt and not any(mask[: len(prompt)])
+    ids, mask = np.asarray(ids[len(prompt):], np.int32), np.asarray(mask[len(prompt):], np.uint8)
     versions = []
     for i, (a, b, _policy) in enumerate([s for s in segments(mask) if s[2]]):
         versions += [versions_by_turn[min(i, len(versions_by_turn) - 1)]] * (b - a)
     t = SimpleNamespace(task_id=task_id, sample_index=seed, token_ids=ids, loss_mask=mask,
                         versions=np.asarray(versions, np.int32), reward=reward, group="bf16",
                         sampler_name="s0", finish_reason="submitted;special_tokens")
-    return SimpleNamespace(task=SimpleNamespace(private=(task, env)), trajectories=[t]), task
+    spec = SimpleNamespace(private=(task, env), prompt_ids=tuple(prompt))
+    return SimpleNamespace(task=spec, trajectories=[t]), task
 
 
 def test_episode_metrics_count_versions_lag_turns_and_tool_outcomes(repo_env):
@@ -42,7 +46,7 @@ def test_episode_metrics_count_versions_lag_turns_and_tool_outcomes(repo_env):
     assert m["episode/versions"] == 2.0 and m["episode/versions_max"] == 3.0  # (3 + 1) / 2
     assert m["episode/spans_reload"] == 0.5
     assert m["episode/version_lag"] == 2.0 and m["episode/version_lag_max"] == 3.0  # 6-3, 6-5
-    assert m["episode/turns"] == 5.0 and m["episode/tokens"] > 1000
+    assert m["episode/turns"] == 5.0 and m["episode/tokens"] > 1500  # the prompt counts
     # Every demonstrated call succeeds; the final submit has no observation after it.
     assert m["tool/outcome/ok"] == 1.0 and m["tool/calls_per_episode"] == 5.0
     assert m["tool/episodes_2plus_calls"] == 1.0
@@ -64,7 +68,8 @@ def test_episode_log_writes_whole_episodes_and_plots_draw_them(repo_env, tmp_pat
     assert policy[0]["versions"] == [7] * policy[0]["tokens"] and policy[-1]["versions"][-1] == 9
     observations = [t["text"] for t in record["turns"] if t["role"] == "observation"]
     assert "FAIL tests/" in observations[0] and "tests pass" in observations[-1]
-    assert task.payload["package"] in record["turns"][0]["text"]
+    assert task.payload["package"] in record["turns"][0]["text"] and record["tokens"] > 1500
+    assert record["turns"][0]["tokens"] == len(spans.task.prompt_ids)
     assert read_episodes(tmp_path)[0]["step"] == 3
     assert EpisodeLog(tmp_path / "off", 0, repo_env.tokenizer).write(1, [spans], 9) is None
 
