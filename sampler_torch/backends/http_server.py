@@ -266,23 +266,33 @@ class ServerBackend:
             require_module(cmd[0], cls.server_package, cls.error,
                            f"; install it there (pip install {cls.server_package}) or point "
                            f"the backend at a Python that has it")
+        temp_log = not log_path
         log_path = server_log_path(log_path, cls.server_name)
         proc = start_server([*cmd, *extra_args], log_path=log_path, env=env)
-        backend = cls(f"http://{host}:{port}", recipe=recipe, version=version, process=proc,
-                      model_dir=model_dir, log_path=log_path, **more, **kwargs)
+        try:
+            backend = cls(f"http://{host}:{port}", recipe=recipe, version=version, process=proc,
+                          model_dir=model_dir, log_path=log_path, **more, **kwargs)
+        except BaseException:
+            stop_server(proc)
+            raise
         try:
             wait_healthy(lambda: backend._request("GET", "/health", None, timeout=5), proc,
                          cls.server_name, startup_timeout, cls.error, log_path)
             backend.on_ready()
         except BaseException:
-            backend.close()
+            backend.close()  # the log stays for reading
             raise
+        backend._temp_log = temp_log
         return backend
 
     def close(self) -> None:
-        """Stop a server this backend launched (a server given by URL is left alone)."""
+        """Stop a server this backend launched (a server given by URL is left alone); a temp
+        log of a server that started fine goes with it."""
         stop_server(self.process)
         self.process = None
+        if getattr(self, "_temp_log", False) and self.log_path:
+            Path(self.log_path).unlink(missing_ok=True)
+            self._temp_log = False
 
     def __enter__(self):
         return self
