@@ -37,6 +37,7 @@ from trainer_jax.batching import Sample, pack
 from trainer_jax.checkpoint import Checkpointer
 from trainer_jax.config import ConfigError, RunConfig
 from trainer_jax.diagnostics import CollapseAlarms, MetricsSink, alarm_settle_steps, plot_run
+from trainer_jax.episode_log import EpisodeLog, episode_metrics
 from trainer_jax.evaluation import FleetEvaluator
 from trainer_jax.faults import during, fault_point
 from trainer_jax.follower import follow
@@ -162,6 +163,7 @@ class Trainer:
         self._probe_alarms_seen = 0  # probe reports above their bound already printed
         self.source = build_task_source(cfg.tasks, tokenizer=self.tokenizer)
         self.source.cursor = int(self.meta["task_cursor"])
+        self.episode_log = EpisodeLog(run, cfg.train.log_episodes, self.tokenizer)
         # train.sync: the service sees the source through a version gate (trainer_jax.sync).
         self.sync = SyncTasks(self.source, cfg.train.prompts_per_step) if cfg.train.sync else None
 
@@ -420,6 +422,8 @@ class Trainer:
                 step = self.meta["step"]
                 values = self._step_metrics(groups, samples, taken, rewards, result, t1 - t0, t2 - t1)
                 values.update(self.source.metrics(groups))
+                values.update(episode_metrics(groups, self.meta["version"]))
+                self.episode_log.write(step, groups, self.meta["version"])
                 values["samplers/restarts"] = self.samplers.restarts
                 if self.sync:  # the next step's tasks wait for this version, announced
                     self.meta["version"] += 1
@@ -434,7 +438,8 @@ class Trainer:
                 if cfg.train.eval_every and step % cfg.train.eval_every == 0 and step < cfg.run.steps:
                     values.update(self.evaluate(f"step {step}"))
                 alarms = self.alarms.update(values["reward_mean"], values.get("k3"),
-                                            values.get("termination/empty_reply", 0.0))
+                                            values.get("termination/empty_reply", 0.0),
+                                            call_rate=values.get("tool/call_rate"))
                 alarms += lag_alarms(values)
                 for line in self.service.probes.alarms[self._probe_alarms_seen:]:
                     progress.print(f"[red]alarm[/red] step {step}: {line}")
