@@ -218,8 +218,10 @@ class ServerBackend:
 
     error: type[ServerError] = ServerError
     server_name = "server"
-    #: the package a started server's Python must import (checked before it starts)
+    #: the package a started server's Python must import (checked before it starts), and how
+    #: to point the backend at a Python that has it
     server_package: str | None = None
+    python_hint = "point the backend at a Python that has it"
 
     def __init__(self, url: str, *, recipe: str | Recipe = "bf16", version: int = 0,
                  timeout: float = 600.0, support_logprobs_num: int = 256,
@@ -264,8 +266,8 @@ class ServerBackend:
                                             port=port, options=kwargs)
         if cls.server_package:
             require_module(cmd[0], cls.server_package, cls.error,
-                           f"; install it there (pip install {cls.server_package}) or point "
-                           f"the backend at a Python that has it")
+                           f"; install it there (pip install {cls.server_package}) or "
+                           f"{cls.python_hint}")
         temp_log = not log_path
         log_path = server_log_path(log_path, cls.server_name)
         proc = start_server([*cmd, *extra_args], log_path=log_path, env=env)

