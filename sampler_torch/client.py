@@ -74,7 +74,7 @@ class RolloutClient:
     def __init__(self, address: str, token: str, *, group: str, recipe: pb.Recipe | Mapping | str = "bf16",
                  accelerator: str = "", capacity: int = 1, weight_formats: Sequence[str] = ("bf16",),
                  name: str | None = None, tls: TLSOptions | None = None,
-                 max_message_bytes: int = 64 * 1024**2, backoff: Backoff = _DEFAULT_BACKOFF,
+                 max_message_bytes: int | None = None, backoff: Backoff = _DEFAULT_BACKOFF,
                  rpc_timeout_s: float = 30.0, max_retry_s: float | None = None,
                  device: pb.ComputeDevice | Mapping | None = None):
         if not token:
@@ -103,7 +103,10 @@ class RolloutClient:
         self.backoff = backoff
         self.rpc_timeout_s = rpc_timeout_s
         self.max_retry_s = max_retry_s
-        self.max_message_bytes = max_message_bytes
+        # None: the limit the trainer advertises at registration (service.limits.max_message_bytes,
+        # raised for long rows); 64 MiB until then. A given value caps it.
+        self._own_limit = max_message_bytes
+        self.max_message_bytes = 64 * 1024**2 if max_message_bytes is None else max_message_bytes
         self._metadata = (("authorization", f"Bearer {token}"),)
         self._lock = threading.Lock()
         self._closed = threading.Event()
@@ -112,7 +115,7 @@ class RolloutClient:
         self.info: pb.RegisterResponse | None = None
         self.registrations = 0
         self.expired_leases: set[str] = set()
-        self._channel = open_channel(address, tls, max_message_bytes)
+        self._channel = open_channel(address, tls, -1 if max_message_bytes is None else max_message_bytes)
         self._stub = pb_grpc.RolloutStub(self._channel)
         # Submit and SubmitStream send serialized bytes as they are: an ``EncodedTrajectory`` is
         # already on the wire format, a ``pb.Trajectory`` is serialized once by ``_wire_bytes``.
@@ -192,7 +195,8 @@ class RolloutClient:
             self.info, self.session_id, self.server_id = resp, resp.session_id, resp.server_id
             self.registrations += 1
             if resp.max_message_bytes:
-                self.max_message_bytes = min(self.max_message_bytes, resp.max_message_bytes)
+                self.max_message_bytes = (resp.max_message_bytes if self._own_limit is None
+                                          else min(self._own_limit, resp.max_message_bytes))
             return resp
 
     def register(self) -> pb.RegisterResponse:

@@ -94,6 +94,14 @@ class RunConfig(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _long_rows_fit_the_wire(self) -> RunConfig:
+        from trainer_jax.config.checks import check_context_rows, check_wire_limits  # imports this
+
+        check_wire_limits(self)
+        check_context_rows(self)
+        return self
+
+    @model_validator(mode="after")
     def _kernel_option_names(self) -> RunConfig:
         # A misspelt objective.kernel_options name (block_vv) failed at the first step: the names
         # are its implementation's keyword parameters (impl auto: those some implementation
