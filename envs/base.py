@@ -178,4 +178,6 @@ def make_env(name: str, tokenizer: Tokenizer, **kwargs) -> Environment:
     from envs.loading import resolve_env
 
     cls: Callable[..., Environment] = resolve_env(name)
+    if name not in ENVIRONMENTS:  # mixrl's limit per call on a sampler (envs.isolated), not the class's
+        kwargs.pop("timeout_s", None)
     return cls(tokenizer, **kwargs)

@@ -10,10 +10,12 @@ A task-mix entry's ``env`` is one of:
 
 Options: a built-in environment's typed model (``envs.options``); an outside class may declare its
 own pydantic model as ``Options`` (checked the same way), otherwise its constructor's keyword
-parameters are the names accepted. Every problem is one line naming it, raised when the config
-loads (``EnvLoadError``). An outside environment is user code, trusted like a user reward
-function: it runs in the trainer and in every sampler that leases its tasks (docs: "Bring your own
-environment").
+parameters are the names accepted; every outside class also takes ``timeout_s``, mixrl's limit on
+each of its calls on a sampler (``envs.isolated``), which the class never sees. Every problem is
+one line naming it, raised when the config loads (``EnvLoadError``). An outside environment is
+user code, trusted like a user reward function: it draws tasks in the trainer, and its episodes
+run in worker processes of every sampler that leases its tasks (``envs.isolated``; docs: "Bring
+your own environment").
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from pydantic import BaseModel, ValidationError
 from envs.base import ENVIRONMENTS, Environment
 
 ENTRY_POINT_GROUP = "mixrl.envs"
+#: Seconds an outside environment's ``start`` or ``step`` may take (``options.timeout_s``).
+DEFAULT_TIMEOUT_S = 30.0
 
 
 class EnvLoadError(ValueError):
@@ -105,6 +109,8 @@ def check_options(spec: str, cls: type[Environment], options: dict[str, Any]) ->
         except ValueError as e:
             raise EnvLoadError(f"environment {spec!r}: options: {e}") from None
         return
+    timeout_s(spec, options)
+    options = {k: v for k, v in options.items() if k != "timeout_s"}
     model = getattr(cls, "Options", None)
     if inspect.isclass(model) and issubclass(model, BaseModel):
         try:
@@ -125,10 +131,20 @@ def check_options(spec: str, cls: type[Environment], options: dict[str, Any]) ->
                            f"(known: {', '.join(known) or 'none'})")
 
 
+def timeout_s(spec: str, options: dict[str, Any]) -> float:
+    """An outside environment's per-call limit, ``options.timeout_s`` (seconds; default
+    ``DEFAULT_TIMEOUT_S``): mixrl's option, never passed to the class (``envs.isolated``)."""
+    value = options.get("timeout_s", DEFAULT_TIMEOUT_S)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 3600:
+        raise EnvLoadError(f"environment {spec!r}: options: timeout_s must be a number of seconds "
+                           f"in (0, 3600], got {value!r}")
+    return float(value)
+
+
 def has_demonstration(cls: type[Environment]) -> bool:
     """Whether ``cls`` writes demonstrations (what the supervised warm start needs)."""
     return cls.demonstration is not Environment.demonstration
 
 
-__all__ = ["ENTRY_POINT_GROUP", "EnvLoadError", "check_options", "default_name",
-           "has_demonstration", "resolve_env"]
+__all__ = ["DEFAULT_TIMEOUT_S", "ENTRY_POINT_GROUP", "EnvLoadError", "check_options",
+           "default_name", "has_demonstration", "resolve_env", "timeout_s"]

@@ -38,6 +38,7 @@ import grpc
 from envs import ENVIRONMENTS, make_env
 from envs import Task as EnvTask
 from envs.base import finish_reason
+from envs.isolated import EnvCallFailed, IsolatedEnvironment, build_env, failed_episode
 from envs.rollout import run_episodes
 from mixrl_wire import pb
 from mixrl_wire.encoder import encode_trajectory
@@ -182,6 +183,9 @@ class SamplerLoop:
                 self.run_round(list(resp.tasks))
         finally:
             self.stop_event.set()
+            for env in self._envs.values():  # outside environments' worker processes
+                if isinstance(env, IsolatedEnvironment):
+                    env.close()
         return self.stats
 
     def follow_registration(self, info: pb.RegisterResponse | None) -> None:
@@ -248,10 +252,10 @@ class SamplerLoop:
             spec = self._mix().get(name)
             if self.cfg.use_envs:
                 try:
-                    if spec is not None:
-                        env = make_env(spec.env, self._get_tokenizer(),
-                                       difficulty=max(1, spec.difficulty),
-                                       **json.loads(spec.options_json or "{}"))
+                    if spec is not None:  # an outside environment runs in worker processes
+                        env = build_env(spec.env, self._get_tokenizer(),
+                                        difficulty=max(1, spec.difficulty),
+                                        options=json.loads(spec.options_json or "{}"))
                     elif name in ENVIRONMENTS:
                         env = make_env(name, self._get_tokenizer())
                 except Exception as e:  # noqa: BLE001 - user code: never the end of the sampler
@@ -325,6 +329,8 @@ class SamplerLoop:
         try:
             payload = json.loads(task.payload or b"{}")
             episode = env.start(EnvTask(str(task.task_id), task.env, payload))
+        except EnvCallFailed as e:  # an outside environment failed: one turn, the reason counted
+            return failed_episode(list(task.prompt_ids), tuple(task.sampling.stop_token_ids), e.reason)
         except Exception as e:  # noqa: BLE001 - a payload this env cannot read: plain generation
             log.warning("task %d: environment %r cannot start it (%s); generating from the prompt",
                         task.task_id, task.env, e)
