@@ -12,6 +12,14 @@ memory knob, ``train.micro_rows`` (rows through the model one at a time), is mea
 
     .venv/bin/python benchmarks/bench_train_memory.py [--quick] [--out PATH]
         [--remat none,full] [--reuse OLD.json]
+    .venv/bin/python benchmarks/bench_train_memory.py --long [--reuse OLD.json]
+
+``--long`` (issue 33, context parallelism): one row of 65,536 / 131,072 / 262,144 tokens, full
+remat, on ``context`` 1 (one device), 4 and 8 (a mesh of that many devices, nothing else split),
+plus one 32,768-token row on one device (the goal: context 8 at 262,144 tokens needs no more per
+device than that), and a projection of the longest row per device for Qwen3-8B and
+Qwen3-30B-A3B on 80 GB cards (``project``). Every row of the JSON carries one integer field per
+mesh axis and ``row_len``.
 
 (default PATH: benchmarks/results/bench_train_memory.json; ``--quick``: 2 layers and rows of
 512 tokens, to check the script). Compiling the unrolled 28-layer ``none`` step takes minutes to a
@@ -34,6 +42,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import argparse  # noqa: E402
 import json  # noqa: E402
+import math  # noqa: E402
 import platform  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -57,20 +66,25 @@ ROWS = 4
 
 
 def measure(qcfg: Qwen3Config, row_len: int, remat: str, mesh_axes: dict | None,
-            micro_rows: int | None = None) -> dict:
-    mesh = make_mesh(devices=jax.devices()[:1]) if mesh_axes is None else make_mesh(**mesh_axes)
+            micro_rows: int | None = None, rows: int = ROWS) -> dict:
+    if mesh_axes is None:
+        mesh = make_mesh(devices=jax.devices()[:1])
+    else:  # a mesh of exactly the devices the axes name (context 4: 4 of the 8 devices)
+        n = math.prod(v for v in mesh_axes.values() if v > 0)
+        mesh = make_mesh(devices=jax.devices()[:n], **{"data": 1, **mesh_axes})
     rules = ShardingRules.for_model(qcfg)
-    inputs, batch = synthetic_batch(qcfg.vocab_size, rows=ROWS, row_len=row_len,
-                                    max_tokens=ROWS * row_len // 2, head_k=20, support_k=8)
+    inputs, batch = synthetic_batch(qcfg.vocab_size, rows=rows, row_len=row_len,
+                                    max_tokens=rows * row_len // 2, head_k=20, support_k=8)
     t0 = time.perf_counter()
     compiled = Learner.compile_abstract(
         lambda: init_model(qcfg, dtype=jnp.bfloat16, param_dtype=jnp.float32, remat=remat),
         OptimizerConfig(), ObjectiveConfig(), mesh, rules, inputs, batch, micro_rows=micro_rows)
     memory = compiled_memory(compiled)
     # The batch's rows are split over the batch axes (replicated over tensor).
-    batch_bytes = sum(x.nbytes for x in jax.tree.leaves((inputs, batch))) // (mesh.size
-                                                                             // mesh.shape["tensor"])
-    return {"row_len": row_len, "remat": remat, "micro_rows": micro_rows, "mesh": describe(mesh),
+    batch_shards = math.prod(mesh.shape[a] for a in ("data", "fsdp", "expert"))
+    batch_bytes = sum(x.nbytes for x in jax.tree.leaves((inputs, batch))) // batch_shards
+    return {"row_len": row_len, "rows": rows, "remat": remat, "micro_rows": micro_rows,
+            "mesh": describe(mesh), **{a: int(mesh.shape[a]) for a in mesh.axis_names},
             "devices": mesh.size,
             "compile_s": round(time.perf_counter() - t0, 1), "xla": memory,
             "temp_bytes_per_device": memory["temp_size_bytes"],
@@ -84,7 +98,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--remat", default="none,full", help="remat modes to measure (comma-separated)")
     p.add_argument("--reuse", default=None,
                    help="an earlier JSON: its rows for modes not measured now are copied")
+    p.add_argument("--long", action="store_true",
+                   help="one long row (65,536-262,144 tokens) over context 1 / 4 / 8, full remat")
     args = p.parse_args(argv)
+    if args.long:
+        return long_rows(args, argv)
     shape = dict(QWEN3_06B, num_hidden_layers=2) if args.quick else QWEN3_06B
     qcfg = Qwen3Config(**shape)
     lengths = (256, 512) if args.quick else (4096, 16384)
@@ -145,6 +163,102 @@ def main(argv: list[str] | None = None) -> int:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     return 0
+
+
+LONG_LENGTHS = (65_536, 131_072, 262_144)
+CONTEXTS = (1, 4, 8)
+BASELINE_LEN = 32_768  # the goal: context 8 at 262,144 tokens within one such row on one device
+# Shapes for the projection (HF configs): layers, hidden, MLP / expert width, heads, KV heads,
+# head_dim, vocabulary, parameters (B), experts (active).
+PROJECT = {
+    "Qwen3-8B": dict(layers=36, hidden=4096, mlp=12288, kv=8 * 128, vocab=151_936, params_b=8.19),
+    "Qwen3-30B-A3B": dict(layers=48, hidden=2048, mlp=8 * 768, kv=4 * 128, vocab=151_936, params_b=30.5),
+}
+SHAPE_06B = dict(layers=28, hidden=1024, mlp=3072, kv=8 * 128, vocab=151_936, params_b=0.6)
+
+
+def long_rows(args: argparse.Namespace, argv: list[str] | None) -> int:
+    """The ``--long`` measurement (module docstring); rows appended to ``--reuse``'s, if given."""
+    qcfg = Qwen3Config(**QWEN3_06B)
+    rows: list[dict] = []
+    old: dict = {}
+    if args.reuse:
+        old = json.loads(Path(args.reuse).read_text())
+        for r in old["results"]:
+            if r.get("rows", ROWS) == 1:
+                continue  # an earlier --long row: measured again now
+            axes = dict(kv.split("=") for kv in r["mesh"].split())
+            rows.append({**r, **{a: int(axes.get(a, 1)) for a in ("data", "fsdp", "expert", "context",
+                                                                   "tensor")}, "rows": r.get("rows", ROWS)})
+    # The goal's rows and the fit's first; the JSON is rewritten after every row, so a run cut
+    # short keeps what it measured (the summary then covers what is there).
+    plan = [(LONG_LENGTHS[-1], 8), (LONG_LENGTHS[-1], 4), (LONG_LENGTHS[0], 8), (BASELINE_LEN, 1),
+            (LONG_LENGTHS[-1], 1), (LONG_LENGTHS[1], 8), (LONG_LENGTHS[1], 4), (LONG_LENGTHS[0], 4),
+            (LONG_LENGTHS[1], 1), (LONG_LENGTHS[0], 1)]
+    for row_len, context in plan:
+        r = measure(qcfg, row_len, "full", None if context == 1 else dict(context=context), rows=1)
+        rows.append(r)
+        print(f"{row_len:>7} tokens  1 row  context {context}  temp "
+              f"{r['temp_bytes_per_device'] / 2**30:7.2f} GiB  state "
+              f"{r['state_bytes_per_device'] / 2**30:6.2f} GiB  (compile {r['compile_s']} s)", flush=True)
+        long = [r for r in rows if r["rows"] == 1]
+        try:
+            summary = {**old.get("summary", {}), **context_summary(long)}
+        except KeyError:  # not all the rows the fit needs yet
+            summary = old.get("summary", {})
+        result = {**old, "benchmark": "bench_train_memory",
+                  "command": " ".join(["benchmarks/bench_train_memory.py", *(argv or sys.argv[1:])]),
+                  "measured_long": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                  "model": QWEN3_06B, "commit_long": _commit(), "jax": jax.__version__,
+                  "machine": platform.machine(), "results": rows, "summary": summary}
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps({k: summary.get(k) for k in ("context_goal", "context_fit_06b", "projection_80gb")},
+                     indent=2))
+    return 0
+
+
+def context_summary(long: list[dict]) -> dict:
+    """The goal, the per-token slope of temporaries over a device's share of the row, and the
+    projection for the larger shapes."""
+    temp = {(r["row_len"], r["context"]): r["temp_bytes_per_device"] for r in long}
+    base = temp[(BASELINE_LEN, 1)]
+    goal = temp[(LONG_LENGTHS[-1], 8)]
+    # temp(T, C) ~ fixed + slope * T / C + kv * T: fitted on context 8 and 4 at the longest row.
+    t = LONG_LENGTHS[-1]
+    slope = (temp[(t, 4)] - temp[(t, 8)]) / (t / 4 - t / 8)
+    kv = max(0.0, (temp[(t, 8)] - temp[(LONG_LENGTHS[0], 8)] - slope * (t - LONG_LENGTHS[0]) / 8)
+             / (t - LONG_LENGTHS[0]))
+    fixed = temp[(t, 8)] - slope * t / 8 - kv * t
+    return {
+        "context_goal": {"temp_gib_262144_context_8": round(goal / 2**30, 2),
+                         "temp_gib_32768_one_device": round(base / 2**30, 2), "met": goal <= base},
+        "context_temp_gib": {f"{t_} x context {c}": round(v / 2**30, 2)
+                             for (t_, c), v in sorted(temp.items())},
+        "context_fit_06b": {"fixed_gib": round(fixed / 2**30, 2), "bytes_per_device_token": round(slope),
+                            "kv_bytes_per_row_token": round(kv)},
+        "projection_80gb": {name: project(shape, fixed, slope, kv) for name, shape in PROJECT.items()},
+    }
+
+
+def project(shape: dict, fixed: float, slope: float, kv: float, card: float = 80e9) -> dict:
+    """Longest row per device of 80 GB for a larger shape, from the 0.6B fit: the per-token slope
+    scales with layers x hidden (the residual stream saved per layer under full remat) plus one
+    layer's MLP width, the K/V term with the K/V width, the fixed part with vocab x hidden (the
+    head and embedding gradients); the state (fp32 parameters + AdamW, 16 bytes per parameter)
+    split over the 8 devices of the host (``fsdp``, or ``mesh.rules: {embed: [fsdp, context]}`` on
+    a context-8 mesh). An extrapolation, not a measurement."""
+    ref, s = SHAPE_06B, shape
+    per_token = slope * (s["layers"] * s["hidden"] + s["mlp"]) / (ref["layers"] * ref["hidden"] + ref["mlp"])
+    per_row_token = kv * s["kv"] / ref["kv"]
+    fixed_s = fixed * (s["vocab"] * s["hidden"]) / (ref["vocab"] * ref["hidden"])
+    state = 16 * s["params_b"] * 1e9 / 8
+    free = card - state - fixed_s
+    out = {"state_gb_per_device_fsdp8": round(state / 1e9, 1)}
+    for c in (1, 8):
+        tokens = free / (per_token / c + per_row_token) if free > 0 else 0
+        out[f"max_row_tokens_context_{c}"] = int(tokens)
+    return out
 
 
 def _commit() -> str | None:
