@@ -259,7 +259,10 @@ class SamplerLoop:
                     elif name in ENVIRONMENTS:
                         env = make_env(name, self._get_tokenizer())
                 except Exception as e:  # noqa: BLE001 - user code: never the end of the sampler
-                    if spec is not None:
+                    # A built-in environment that cannot be built here (an export without
+                    # tokenizer files) falls back to plain generation as before: the trainer
+                    # scores single-turn replies itself. An outside one goes back.
+                    if spec is not None and spec.env not in ENVIRONMENTS:
                         log.error("environment %r (%s) cannot be built here (%s: %s); its leases "
                                   "go back to the trainer", name, spec.env, type(e).__name__, e)
                         env = UNAVAILABLE
