@@ -30,6 +30,9 @@ from pydantic import BaseModel, ValidationError
 from envs.base import ENVIRONMENTS, Environment
 
 ENTRY_POINT_GROUP = "mixrl.envs"
+#: Environments shipped with mixrl that run as outside ones (worker processes on a sampler,
+#: ``options.timeout_s``): they talk to other programs (``envs.openenv_env``: an OpenEnv server).
+PACKAGED = {"openenv": "envs.openenv_env:OpenEnv"}
 #: Seconds an outside environment's ``start`` or ``step`` may take (``options.timeout_s``).
 DEFAULT_TIMEOUT_S = 30.0
 
@@ -67,13 +70,16 @@ def resolve_env(spec: str) -> type[Environment]:
     """The environment class ``spec`` names (built-in, ``module:Class`` or entry point)."""
     if spec in ENVIRONMENTS:
         return ENVIRONMENTS[spec]
-    if ":" in spec:
+    if spec in PACKAGED:
+        obj = _import(PACKAGED[spec])
+    elif ":" in spec:
         obj = _import(spec)
     else:
         ep = _entry_point(spec)
         if ep is None:
             raise EnvLoadError(
-                f"unknown environment {spec!r}: not built in ({', '.join(sorted(ENVIRONMENTS))}), "
+                f"unknown environment {spec!r}: not built in "
+                f"({', '.join(sorted([*ENVIRONMENTS, *PACKAGED]))}), "
                 f"not an import path 'module:Class', and no installed package registers it in "
                 f"the {ENTRY_POINT_GROUP!r} entry points")
         try:
