@@ -108,11 +108,11 @@ def check_imports(clone: Path, paths: list[str]) -> None:
         sys.exit(f"mutate: the tests would import {wrong}, not the clone's code in {clone}")
 
 
-def write_config(clone: Path, name: str, timeout: float) -> Path:
+def write_config(clone: Path, name: str, timeout: float, *, quiet: bool = False) -> Path:
     paths, tests = MODULES[name]
     missing = [t for t in tests if not (clone / t.split("::")[0]).exists()]
     tests = [t for t in tests if t not in missing]
-    if missing:
+    if missing and not quiet:
         print(f"mutate {name}: not in this commit, left out: {', '.join(missing)}")
     command = f"{shlex.quote(PY)} {PYTEST} --timeout={int(timeout)} {' '.join(tests)}"
     cfg = (f'[cosmic-ray]\nmodule-path = {json.dumps(paths)}\ntimeout = {timeout}\nexcluded-modules = []\n'
@@ -260,7 +260,7 @@ def mutate(name: str, *, workdir: Path, results: Path, sample: int | None, seed:
     commit = prepare_clone(clone)
     paths, _ = MODULES[name]
     check_imports(clone, paths)
-    config = write_config(clone, name, timeout or 600)
+    config = write_config(clone, name, timeout or 600, quiet=True)
     took = baseline(clone, config)
     limit = timeout or max(30.0, 3 * took + 15)
     config = write_config(clone, name, limit)
