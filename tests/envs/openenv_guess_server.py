@@ -1,6 +1,7 @@
 """A small OpenEnv server built with the package's own server framework (``openenv.core``'s
 ``create_app``, served by uvicorn on loopback): guess a number in [1, 8] chosen from the reset
-seed; reward 1 when found. ``python openenv_guess_server.py`` prints its port, then serves."""
+seed; reward 1 when found. ``python openenv_guess_server.py [PORT]`` prints its port (without
+PORT, one the system picks), then serves on 127.0.0.1."""
 
 import random
 import socket
@@ -50,7 +51,8 @@ if __name__ == "__main__":
     import uvicorn
 
     sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", int(sys.argv[1]) if len(sys.argv) > 1 else 0))
     print(sock.getsockname()[1], flush=True)
     uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
     sys.exit(0)
