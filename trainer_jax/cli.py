@@ -217,7 +217,8 @@ def serve_main(argv: list[str]) -> int:
 
     from trainer_jax.service import RolloutService
     from trainer_jax.service.auth import TokenError, resolve_token
-    from trainer_jax.service.server import watch_status_lines, weight_dirs
+    from trainer_jax.service.server import weight_dirs
+    from trainer_jax.service.status import watch_status_lines
 
     try:
         token = resolve_token(cfg.service.token_file)

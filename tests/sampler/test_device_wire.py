@@ -14,7 +14,7 @@ from sampler_torch.client import Backoff, RolloutClient
 from trainer_jax.config import ConfigError, load_config
 from trainer_jax.samplers import sampler_command
 from trainer_jax.service import RolloutService
-from trainer_jax.service.server import watch_status_lines
+from trainer_jax.service.status import watch_status_lines
 
 TOKEN = "device-token-0123"
 BASE = ["service.listen=127.0.0.1:0", "tasks.group_size=2", "tasks.sampling.max_new_tokens=8",

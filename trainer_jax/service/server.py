@@ -18,7 +18,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from concurrent import futures
 from pathlib import Path
 
@@ -38,6 +38,7 @@ from trainer_jax.service.router import Router
 from trainer_jax.service.scheduler import Duplicate, Rejected, Scheduler
 from trainer_jax.service.scoring import ScoringBuffer
 from trainer_jax.service.sessions import describe_device
+from trainer_jax.service.status import status_response
 from trainer_jax.service.tasks import TaskSource, TaskSpec, build_task_source
 from trainer_jax.service.validation import ValidationError, validate_trajectory
 from trainer_jax.service.weights import WeightRegistry
@@ -354,35 +355,8 @@ class RolloutService:
                            max_abs=st.max_abs)
 
     def status_pb(self) -> pb.StatusResponse:
-        st = self.status()
-        t = st["totals"]
-        probed = self.probes.group_summary()
-        groups = [pb.GroupStatus(name=name, samplers=g["samplers"], tokens_per_s=g["tokens_per_s"],
-                                 share=g["share"], outstanding=g["outstanding"], accepted=g["accepted"],
-                                 probe_version=probed.get(name, (-1,))[0],
-                                 probe_kl=probed.get(name, (0, 0.0))[1],
-                                 probe_max_abs=probed.get(name, (0, 0.0, 0.0))[2])
-                  for name, g in st["groups"].items()]
-        samplers = [pb.SamplerStatus(
-            session_id=s["session_id"], name=s["name"], group=s["group"], recipe=pb.Recipe(**s["recipe"]),
-            accelerator=s["accelerator"], accepted=s["accepted"], duplicates=s["duplicates"],
-            rejected=s["rejected"], rejections=s["rejections"], outstanding=s["outstanding"],
-            weights_version=s["weights_version"], weight_failures=s["weight_failures"],
-            last_seen_s_ago=s["last_seen_s_ago"],
-            device=pb.ComputeDevice(**s["device"]) if s.get("device") else None,
-            verified_version=s["probe"]["verified_version"], probe_version=s["probe"]["version"],
-            probe_kl=s["probe"]["kl"], probe_max_abs=s["probe"]["max_abs"],
-            probe_verdict=s["probe"]["verdict"], probe_reason=s["probe"]["reason"],
-            returned=s["returned"])
-            for s in st["samplers"]]
-        return pb.StatusResponse(
-            server_id=self.server_id, current_version=st["current_version"], uptime_s=st["uptime_s"],
-            pending_samples=st["pending_samples"], outstanding_samples=st["outstanding_samples"],
-            buffered_trajectories=st["buffer"]["held_trajectories"],
-            buffered_bytes=st["buffer"]["held_bytes"], ready_groups=st["buffer"]["ready_groups"],
-            accepted=t.get("accepted", 0), duplicates=t.get("duplicates", 0), rejected=t.get("rejected", 0),
-            taken_groups=st["buffer"]["taken_groups"], requeued_samples=t.get("requeued_samples", 0),
-            groups=groups, samplers=samplers)
+        """``status()`` as the wire's ``StatusResponse`` (``trainer_jax.service.status``)."""
+        return status_response(self)
 
     # ---------------------------------------------------------------- internals
 
@@ -495,23 +469,3 @@ def weight_dirs(weights_dir: str | Path, default_format: str) -> dict[str, Path]
     if not found:
         raise FileNotFoundError(f"{root}: neither an HF directory nor a directory of per-format HF dirs")
     return found
-
-
-def watch_status_lines(service: RolloutService, every_s: float) -> Iterator[str]:
-    """One-line summaries of the service's state every ``every_s`` seconds (for ``serve``)."""
-    while not service._stopping.wait(every_s):
-        st = service.status()
-        t = st["totals"]
-        shares = " ".join(f"{g}={v['share']:.2f}@{v['tokens_per_s']:.0f}tok/s"
-                          for g, v in st["groups"].items())
-        # what the samplers compute on, as they registered: e.g. cuda=2,cpu=1 (?: unreported)
-        kinds: dict[str, int] = {}
-        for s in st["samplers"]:
-            kind = (s.get("device") or {}).get("type") or "?"
-            kinds[kind] = kinds.get(kind, 0) + 1
-        devices = ",".join(f"{k}={n}" for k, n in sorted(kinds.items())) or "-"
-        yield (f"v{st['current_version']} samplers={len(st['samplers'])} devices={devices} "
-               f"accepted={t.get('accepted', 0)} "
-               f"dup={t.get('duplicates', 0)} rejected={t.get('rejected', 0)} "
-               f"requeued={t.get('requeued_samples', 0)} dropped_groups={st['dropped_groups']} "
-               f"pending={st['pending_samples']} leased={st['outstanding_samples']} [{shares}]")
