@@ -106,7 +106,7 @@ def test_a_sampler_carries_on_through_failing_outside_environments(engine):
                     for name, mode in (("works", "ok"), ("raises", "raise"), ("hangs", "hang"),
                                        ("nan", "nan")))
     cfg = load_config(None, ["sft.steps=0", "tasks.env=mix", f"tasks.mix=[{mix}]", "tasks.group_size=2",
-                             "tasks.sampling.max_new_tokens=3", "tasks.count=8",
+                             "tasks.sampling.max_new_tokens=3",
                              "service.listen=127.0.0.1:0", "service.lease_ttl_s=120"])
     svc = RolloutService.from_config(cfg, token="tok").start()
     client = RolloutClient(svc.address, "tok", group="g", capacity=4, name="s")
