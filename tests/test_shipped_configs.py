@@ -4,15 +4,17 @@
 on 8 simulated CPU devices), ``configs/tpu_slice.yaml`` through ``scripts/launch_tpu_slice.sh`` and
 a stand-in ``gcloud`` that runs each worker's command here (two ``jax.distributed`` processes on
 localhost), ``configs/qwen3_gsm8k.yaml`` through ``mixrl-train`` from a directory holding its
-GSM8K-format data, as its README section says. Each trains two steps on a tiny model directory
-with a real byte-level BPE tokenizer and chat template, and an external ``mixrl-sample`` joins by
-address with the config's token file (and its TLS, with a certificate written here).
+GSM8K-format data, as its README section says, and ``configs/local_agentic.yaml`` /
+``configs/qwen3_agentic.yaml`` (the multi-turn ``repo`` task) the same way. Each trains two steps
+on a tiny model directory with a real byte-level BPE tokenizer and chat template, and an external
+``mixrl-sample`` joins by address with the config's token file (and its TLS, with a certificate
+written here).
 
 The overrides are only those the issue allows (``ALLOWED``: the model directory, mesh sizes,
 batch shape, new tokens, steps; process counts through the environment); every other key is as
 shipped, ``service.tls`` and the token file included, so a config that cannot start on a real
 machine for a reason these do not touch (a task a real tokenizer refuses, a token file ignored, a
-batch shape that drops samples) fails here. The three run at once (``outcomes``).
+batch shape that drops samples) fails here. They run at once (``outcomes``).
 """
 
 from __future__ import annotations
@@ -75,12 +77,23 @@ CASES = {
                                                    "train.row_len=256", "train.max_tokens=4096"]),
     "qwen3_gsm8k": Case("configs/qwen3_gsm8k.yaml", "mixrl-train", overrides=[
         "train.rows=88", "train.row_len=256", "train.max_tokens=4096"]),
+    # The agentic configs (env repo): prompts of ~1,300 tokens with the test tokenizer, so rows of
+    # 2,048 and a sampler budget of 512 tokens after the prompt (episodes a random tiny model ends
+    # within its first reply of 8 tokens anyway). local_agentic's warm start is its full run's
+    # (tests/test_local_agentic.py, slow); the start-up check skips it.
+    "local_agentic": Case("configs/local_agentic.yaml", "mixrl-train", overrides=[
+        "sft.steps=0", "train.row_len=2048", "train.episode_tokens=512", "train.max_tokens=4096"]),
+    "qwen3_agentic": Case("configs/qwen3_agentic.yaml", "mixrl-train", overrides=[
+        "train.rows=32", "train.row_len=2048", "train.episode_tokens=512", "train.max_tokens=16384",
+        "train.micro_rows=8"]),
 }
 
 
-# The keys the issue lets the test set (process counts go through the environment).
+# The keys the issue lets the test set (process counts go through the environment); the agentic
+# configs' episode budget and warm start too (issue 34: a short CPU form of their runs).
 ALLOWED = re.compile(r"(model\.hf_dir|mesh\.(data|fsdp|expert|tensor|dcn_data|dcn_fsdp)"
-                     r"|train\.(rows|row_len|max_tokens)|tasks\.sampling\.max_new_tokens|run\.steps)=")
+                     r"|train\.(rows|row_len|max_tokens|micro_rows|episode_tokens)|sft\.steps"
+                     r"|tasks\.sampling\.max_new_tokens|run\.steps)=")
 
 
 def test_overrides_are_the_allowed_ones():
