@@ -88,3 +88,23 @@ def test_tool_call_alarm_raises_when_the_call_rate_falls_and_clears():
         seen.append(any("tool calls falling" in a for a in alarms.update(None, None, None, call_rate=rate)))
     assert seen[:5] == [False] * 5 and seen[6] and seen[7] and not seen[-1]
     assert CollapseAlarms().update(0.5, None, None) == []  # no call rate (no tool env): no alarm
+
+
+def test_the_task_source_reports_the_repo_tools_call_rate(repo_env):
+    # tool/call_rate comes from the environment's own tool parser (repo's tools are not the
+    # shell's): every demonstrated turn calls a tool; a reply without a call lowers the rate.
+    from trainer_jax.config.run import MixEntry
+    from trainer_jax.service.tasks import EnvTaskSource
+
+    source = EnvTaskSource([MixEntry(env="repo")], tokenizer=repo_env.tokenizer)
+    group, _ = _trajectory(repo_env, 5, versions_by_turn=[0], reward=1.0)
+    group.task.env = "repo"
+    assert source.metrics([group])["tool/call_rate"] == 1.0
+    t = group.trajectories[0]
+    a, b, _ = [s for s in segments(t.loss_mask) if s[2]][0]
+    words = repo_env.chat.encode("I would rather not.")[: b - a - 1]
+    t.token_ids[a:b] = np.asarray(words + [repo_env.chat.encode(" ")[0]] * (b - a - 1 - len(words))
+                                  + [repo_env.chat.stop_ids[0]], np.int32)
+    m = source.metrics([group])
+    assert m["tool/call_rate"] == 0.8 and m["tool/toolless"] == 0.2
+    assert episode_metrics([group], 0)["tool/calls_per_episode"] == 4.0
