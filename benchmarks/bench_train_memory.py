@@ -15,7 +15,8 @@ memory knob, ``train.micro_rows`` (rows through the model one at a time), is mea
     .venv/bin/python benchmarks/bench_train_memory.py --long [--reuse OLD.json]
 
 ``--long`` (issue 33, context parallelism): one row of 65,536 / 131,072 / 262,144 tokens, full
-remat, on ``context`` 1 (one device), 4 and 8 (a mesh of that many devices, nothing else split),
+remat, on ``context`` 1 (one device), 4 and 8 (a mesh of that many devices; the weights and AdamW
+state split over ``context`` too, ``mesh.rules: {embed: [fsdp, context]}``),
 plus one 32,768-token row on one device (the goal: context 8 at 262,144 tokens needs no more per
 device than that), and a projection of the longest row per device for Qwen3-8B and
 Qwen3-30B-A3B on 80 GB cards (``project``). Every row of the JSON carries one integer field per
@@ -66,13 +67,13 @@ ROWS = 4
 
 
 def measure(qcfg: Qwen3Config, row_len: int, remat: str, mesh_axes: dict | None,
-            micro_rows: int | None = None, rows: int = ROWS) -> dict:
+            micro_rows: int | None = None, rows: int = ROWS, overrides: dict | None = None) -> dict:
     if mesh_axes is None:
         mesh = make_mesh(devices=jax.devices()[:1])
     else:  # a mesh of exactly the devices the axes name (context 4: 4 of the 8 devices)
         n = math.prod(v for v in mesh_axes.values() if v > 0)
         mesh = make_mesh(devices=jax.devices()[:n], **{"data": 1, **mesh_axes})
-    rules = ShardingRules.for_model(qcfg)
+    rules = ShardingRules.for_model(qcfg, overrides)
     inputs, batch = synthetic_batch(qcfg.vocab_size, rows=rows, row_len=row_len,
                                     max_tokens=rows * row_len // 2, head_k=20, support_k=8)
     t0 = time.perf_counter()
@@ -84,6 +85,7 @@ def measure(qcfg: Qwen3Config, row_len: int, remat: str, mesh_axes: dict | None,
     batch_shards = math.prod(mesh.shape[a] for a in ("data", "fsdp", "expert"))
     batch_bytes = sum(x.nbytes for x in jax.tree.leaves((inputs, batch))) // batch_shards
     return {"row_len": row_len, "rows": rows, "remat": remat, "micro_rows": micro_rows,
+            **({"rules": overrides} if overrides else {}),
             "mesh": describe(mesh), **{a: int(mesh.shape[a]) for a in mesh.axis_names},
             "devices": mesh.size,
             "compile_s": round(time.perf_counter() - t0, 1), "xla": memory,
@@ -166,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 LONG_LENGTHS = (65_536, 131_072, 262_144)
+ZERO_OVER_CONTEXT = {"embed": ["fsdp", "context"]}
 CONTEXTS = (1, 4, 8)
 BASELINE_LEN = 32_768  # the goal: context 8 at 262,144 tokens within one such row on one device
 # Shapes for the projection (HF configs): layers, hidden, MLP / expert width, heads, KV heads,
@@ -196,7 +199,9 @@ def long_rows(args: argparse.Namespace, argv: list[str] | None) -> int:
             (LONG_LENGTHS[-1], 1), (LONG_LENGTHS[1], 8), (LONG_LENGTHS[1], 4), (LONG_LENGTHS[0], 4),
             (LONG_LENGTHS[1], 1), (LONG_LENGTHS[0], 1)]
     for row_len, context in plan:
-        r = measure(qcfg, row_len, "full", None if context == 1 else dict(context=context), rows=1)
+        # Context meshes also split the weights and AdamW state over context (ZeRO, as FSDP does).
+        r = measure(qcfg, row_len, "full", None if context == 1 else dict(context=context), rows=1,
+                    overrides=None if context == 1 else ZERO_OVER_CONTEXT)
         rows.append(r)
         print(f"{row_len:>7} tokens  1 row  context {context}  temp "
               f"{r['temp_bytes_per_device'] / 2**30:7.2f} GiB  state "

@@ -60,20 +60,28 @@ def _flash(q, k, v, seg_q, seg_k, qb0, block):
     return _flash_fwd(q, k, v, seg_q, seg_k, qb0, block)[0]
 
 
+def _query_grid(qb0, nq: int):
+    """Each local query block's index in the key block grid: the queries are ``len(qb0)`` equal
+    chunks, chunk ``h`` starting at key block ``qb0[h]``."""
+    per = nq // qb0.shape[0]
+    i = jnp.arange(nq)
+    return qb0[i // per] + i % per
+
+
 def _flash_fwd(q, k, v, seg_q, seg_k, qb0, block):
-    """``q [B, K, G, Tq, hd]`` at key positions ``qb0 * block + arange(Tq)`` (``qb0`` may be
-    traced: context parallelism's query chunks), ``k, v [B, K, Tk, hd]``, ``seg_q [B, Tq]``,
-    ``seg_k [B, Tk]``; Tq and Tk multiples of block. ``qb0 = 0, Tq = Tk``: plain self-attention."""
+    """``q [B, K, G, Tq, hd]``: ``len(qb0)`` equal chunks of queries, chunk ``h`` at key positions
+    ``qb0[h] * block + arange(Tq / len(qb0))`` (``qb0`` may be traced: context parallelism's zigzag
+    chunks); ``k, v [B, K, Tk, hd]``, ``seg_q [B, Tq]``, ``seg_k [B, Tk]``; chunk lengths and Tk
+    multiples of block. ``qb0 = [0], Tq = Tk``: plain self-attention."""
     b, kh, g, tq, hd = q.shape
     nq = tq // block
     scale = hd ** -0.5
     first, _ = _run_bounds(seg_k)
-    first_q = _slice_t(first, qb0 * block, tq, 1)
-    lo_blocks = jnp.min(first_q[:, ::block], axis=0) // block  # [nq], in the key block grid
+    grid = _query_grid(qb0, nq)  # [nq]
+    lo_blocks = jnp.min(first[:, grid * block], axis=0) // block  # [nq], in the key block grid
 
     def query_block(_, xs):
-        i, lo = xs
-        gi = qb0 + i  # this query block's index in the key grid
+        i, lo, gi = xs
         qi = _slice_t(q, i * block, block, 3)
         seg_qi = _slice_t(seg_q, i * block, block, 1)
 
@@ -98,7 +106,7 @@ def _flash_fwd(q, k, v, seg_q, seg_k, qb0, block):
         m, norm, acc = jax.lax.fori_loop(lo, gi + 1, key_block, init)
         return None, ((acc / norm[..., None]).astype(q.dtype), m + jnp.log(norm))
 
-    _, (out, lse) = jax.lax.scan(query_block, None, (jnp.arange(nq), lo_blocks))
+    _, (out, lse) = jax.lax.scan(query_block, None, (jnp.arange(nq), lo_blocks, grid))
     # [nq, B, K, G, block, ...] -> [B, K, G, Tq, ...]
     out = jnp.moveaxis(out, 0, 3).reshape(b, kh, g, tq, hd)
     lse = jnp.moveaxis(lse, 0, 3).reshape(b, kh, g, tq)
@@ -109,6 +117,8 @@ def _flash_bwd(block, res, dout):
     q, k, v, seg_q, seg_k, qb0, out, lse = res
     b, kh, g, tq, hd = q.shape
     nq, nk = tq // block, k.shape[2] // block
+    chunks = qb0.shape[0]
+    per = nq // chunks
     scale = hd ** -0.5
     _, last = _run_bounds(seg_k)
     hi_blocks = jnp.max(last[:, block - 1::block], axis=0) // block + 1  # [nk], exclusive
@@ -119,12 +129,13 @@ def _flash_bwd(block, res, dout):
         kj, vj = _slice_t(k, j * block, block, 2), _slice_t(v, j * block, block, 2)
         seg_kj = _slice_t(seg_k, j * block, block, 1)
 
-        def query_block(i, carry):  # i: local query block (key grid block qb0 + i)
+        def query_block(i, carry, h):  # i: local query block of chunk h
             dq, dk, dv = carry
+            gi = qb0[h] + i - h * per
             qi = _slice_t(q, i * block, block, 3)
             doi = _slice_t(dout, i * block, block, 3)
             s = _tile_scores(qi, kj, _slice_t(seg_q, i * block, block, 1), seg_kj,
-                             (qb0 + i) * block, j * block, scale)
+                             gi * block, j * block, scale)
             p = jnp.exp(s - _slice_t(lse, i * block, block, 3)[..., None])
             dv = dv + jnp.einsum("bkgqs,bkgqd->bksd", p.astype(doi.dtype), doi,
                                  preferred_element_type=jnp.float32)
@@ -136,15 +147,20 @@ def _flash_bwd(block, res, dout):
             return jax.lax.dynamic_update_slice_in_dim(dq, dqi, i * block, axis=3), dk, dv
 
         zeros = jnp.zeros((b, kh, block, hd), jnp.float32)
-        lo_i, hi_i = jnp.maximum(j - qb0, 0), jnp.minimum(hi - qb0, nq)
-        dq, dk, dv = jax.lax.fori_loop(lo_i, hi_i, query_block, (dq, zeros, zeros))
-        return dq, (dk, dv)
+        carry = (dq, zeros, zeros)
+        for h in range(chunks):  # the query blocks of each chunk that see key block j
+            lo_i = h * per + jnp.clip(j - qb0[h], 0, per)
+            hi_i = h * per + jnp.clip(hi - qb0[h], 0, per)
+            carry = jax.lax.fori_loop(lo_i, hi_i, functools.partial(query_block, h=h), carry)
+        dq, dk, dv = carry
+        # Complete for this key block: stored in K/V's dtype (half the stacked bytes in bf16).
+        return dq, (dk.astype(k.dtype), dv.astype(v.dtype))
 
     dq, (dk, dv) = jax.lax.scan(key_block, jnp.zeros(q.shape, jnp.float32),
                                 (jnp.arange(nk), hi_blocks))
     dk = jnp.moveaxis(dk, 0, 2).reshape(b, kh, nk * block, hd)
     dv = jnp.moveaxis(dv, 0, 2).reshape(b, kh, nk * block, hd)
-    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None, None
+    return dq.astype(q.dtype), dk, dv, None, None, None
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
@@ -163,26 +179,30 @@ def attention_blocked(q: Array, k: Array, v: Array, segment_ids: Array, *,
     kb = jnp.pad(k, padt).transpose(0, 2, 1, 3)
     vb = jnp.pad(v, padt).transpose(0, 2, 1, 3)
     seg = jnp.pad(segment_ids, [(0, 0), (0, pad)])
-    out = _flash(qb, kb, vb, seg, seg, jnp.int32(0), block)  # [B, K, G, Tp, hd]
+    out = _flash(qb, kb, vb, seg, seg, jnp.zeros(1, jnp.int32), block)  # [B, K, G, Tp, hd]
     return out.transpose(0, 3, 1, 2, 4).reshape(b, t + pad, h, hd)[:, :t]
 
 
-def attention_blocked_chunk(q: Array, k: Array, v: Array, seg_q: Array, seg_k: Array,
-                            q_start: Array | int, *, block: int) -> Array:
-    """Queries ``q [B, Tq, H, hd]`` at positions ``q_start + arange(Tq)`` of the key sequence
-    ``k, v [B, Tk, K, hd]`` (``seg_q`` is ``seg_k`` at those positions): the blocked attention of
-    one query chunk against the whole row, as context parallelism runs it per device.
+def attention_blocked_chunks(q: Array, k: Array, v: Array, seg_q: Array, seg_k: Array,
+                             starts: Array, *, block: int) -> Array:
+    """Queries ``q [B, Tq, H, hd]`` cut into ``len(starts)`` equal chunks, chunk ``h`` at positions
+    ``starts[h] + arange(Tq / len(starts))`` of the key sequence ``k, v [B, Tk, K, hd]``
+    (``seg_q`` is ``seg_k`` at those positions): the blocked attention of a device's query chunks
+    against the whole row, as context parallelism runs it (one call for both zigzag chunks, so
+    the backward accumulates one dK/dV).
 
-    ``q_start`` may be traced; it, ``Tq`` and ``Tk`` must be multiples of ``block`` (the caller
-    picks a block dividing its chunk length). Same masking and result as the rows of
-    ``attention_blocked`` on the whole sequence at those positions.
+    ``starts`` may be traced; the starts, the chunk length and ``Tk`` must be multiples of
+    ``block`` (the caller picks a block dividing its chunk length). Same masking and result as
+    the rows of ``attention_blocked`` on the whole sequence at those positions.
     """
     b, tq, h, hd = q.shape
     kh, tk = k.shape[2], k.shape[1]
-    if tq % block or tk % block:
-        raise ValueError(f"query chunk {tq} and key length {tk} must be multiples of block {block}")
+    starts = jnp.asarray(starts, jnp.int32).reshape(-1)
+    if tq % (starts.shape[0] * block) or tk % block:
+        raise ValueError(f"{starts.shape[0]} query chunks of {tq} and key length {tk} must be "
+                         f"multiples of block {block}")
     qb = q.reshape(b, tq, kh, h // kh, hd).transpose(0, 2, 3, 1, 4)
     kb, vb = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
-    qb0 = jnp.asarray(q_start, jnp.int32) // block
-    out = _flash(qb, kb, vb, jnp.asarray(seg_q, jnp.int32), jnp.asarray(seg_k, jnp.int32), qb0, block)
+    out = _flash(qb, kb, vb, jnp.asarray(seg_q, jnp.int32), jnp.asarray(seg_k, jnp.int32),
+                 starts // block, block)
     return out.transpose(0, 3, 1, 2, 4).reshape(b, tq, h, hd)

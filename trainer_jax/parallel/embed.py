@@ -33,7 +33,8 @@ def embed_lookup(ctx: ParallelContext, table: jax.Array, ids: jax.Array) -> jax.
     d_axes = spec_axes(table_spec, 1)
     rows_spec = rules.spec(("batch", "seq", None), (*ids.shape, table.shape[1]), mesh)
     batch_axes = tuple(a for a in spec_axes(rows_spec, 0) if a not in d_axes)
-    cotangent = P(batch_axes or None, *(rows_spec[1:2] or (None,)), d_axes or None)
+    seq_axes = tuple(a for a in spec_axes(rows_spec, 1) if a not in d_axes)  # context, unless D uses it
+    cotangent = P(batch_axes or None, seq_axes or None, d_axes or None)
     shardings = (NamedSharding(mesh, cotangent), NamedSharding(mesh, table_spec))
     return _lookup(table, ids, (table.shape, table.dtype), shardings)
 

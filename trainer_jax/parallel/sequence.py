@@ -39,7 +39,7 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from trainer_jax.models.attention import CPU_BLOCK
-from trainer_jax.models.blocked_attention import attention_blocked_chunk
+from trainer_jax.models.blocked_attention import attention_blocked_chunks
 from trainer_jax.parallel import hooks
 from trainer_jax.parallel.context import ParallelContext, linear_axis_index
 from trainer_jax.parallel.rules import spec_axes
@@ -126,13 +126,9 @@ def context_attention(ctx: ParallelContext, q: Array, k: Array, v: Array, segmen
         gather = lambda x: original(jax.lax.all_gather(x, AXIS, axis=1, tiled=True))
         k_row, v_row, seg_row = gather(k_l), gather(v_l), gather(seg_l)
         c = jax.lax.axis_index(AXIS)
-        outs = []
+        starts = jnp.stack([c, 2 * c_size - 1 - c]) * chunk  # this device's two original chunks
         with hooks.use(None):
-            for half, chunk_index in ((0, c), (1, 2 * c_size - 1 - c)):
-                part = slice(half * chunk, (half + 1) * chunk)
-                outs.append(attention_blocked_chunk(q_l[:, part], k_row, v_row, seg_l[:, part], seg_row,
-                                                    chunk_index * chunk, block=block))
-        return jnp.concatenate(outs, axis=1)
+            return attention_blocked_chunks(q_l, k_row, v_row, seg_l, seg_row, starts, block=block)
 
     return jax.shard_map(local, mesh=mesh, in_specs=(q_spec, kv_spec, kv_spec, seg_spec),
                          out_specs=q_spec, check_vma=False)(q, k, v, segment_ids)
