@@ -93,7 +93,7 @@ def test_gpu_host_script_runs_the_smoke_check_here(tmp_path):
          "--out", str(out)], env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads(out.read_text())
-    assert report["processes"] == 1 and report["mesh"] == "data=1 fsdp=1 expert=1 tensor=1"
+    assert report["processes"] == 1 and report["mesh"] == "data=1 fsdp=1 expert=1 context=1 tensor=1"
     # The run's memory settings reach the check (configs/gpu_host.yaml: full remat).
     assert (report["remat"], report["micro_rows"], report["attention"]) == ("full", 1, "auto")
     assert len(report["losses"]) == 2 and report["memory"]["state_bytes_per_device"] > 0

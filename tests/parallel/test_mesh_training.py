@@ -37,14 +37,16 @@ def test_train_on_a_mesh_then_resume_onto_another(tmp_path):
     out = _launch(cfg, run_dir, "mesh.data=2", "mesh.fsdp=2", "mesh.tensor=2")
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["mesh"] == {"data": 2, "fsdp": 2, "expert": 1, "context": 1, "tensor": 2} and summary["devices"] == 8
+    assert summary["mesh"] == {"data": 2, "fsdp": 2, "expert": 1, "context": 1, "tensor": 2}
+    assert summary["devices"] == 8
     assert summary["steps"] == 3
 
     out = _launch(cfg, run_dir, "--resume", "--steps", "5", "mesh.data=1", "mesh.fsdp=4", "mesh.tensor=2")
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "resumed from step 3" in out.stdout
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["mesh"] == {"data": 1, "fsdp": 4, "expert": 1, "context": 1, "tensor": 2} and summary["steps"] == 5
+    assert summary["mesh"] == {"data": 1, "fsdp": 4, "expert": 1, "context": 1, "tensor": 2}
+    assert summary["steps"] == 5
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if r["step"] > 0 and "loss" in r]
     assert [r["step"] for r in steps] == [1, 2, 3, 4, 5]

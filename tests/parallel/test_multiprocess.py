@@ -69,7 +69,7 @@ def test_two_processes_train_checkpoint_restore_and_publish(tmp_path):
     assert not (tmp_path / "report1.json").exists()  # only process 0 reports
     report = json.loads((tmp_path / "report0.json").read_text())
     assert (report["processes"], report["devices"]) == (2, 8)
-    assert report["mesh"] == "data=1 fsdp=2 expert=2 tensor=2"
+    assert report["mesh"] == "data=1 fsdp=2 expert=2 context=1 tensor=2"
     assert report["checkpoint"]["restored_equal"] and report["checkpoint"]["restored_on"].startswith("data=8")
     # Both processes wrote their shards of the checkpoint.
     written = {p.name for p in (tmp_path / "ckpt").rglob("*")}
