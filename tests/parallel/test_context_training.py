@@ -3,7 +3,7 @@
 8 fake CPU devices: 3 steps with each row's sequence split over ``context`` 4 (x fsdp 2), then
 ``--resume`` onto (context 2 x data 2 x fsdp 2) to step 5: the checkpoint restores onto the
 other layout and summary.json names every axis. Marked ``slow`` (two trainer runs with their
-samplers: minutes on a loaded 2-core host); ``tests/parallel/cases/case_context.py`` checks the
+samplers: 126 s on the 2-core host, 455 s under load); ``tests/parallel/cases/case_context.py`` checks the
 step itself against one device in the default run.
 """
 
