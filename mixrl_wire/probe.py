@@ -190,7 +190,8 @@ def judge(probe: Probe, logq: Sequence[float], previous_logq: Sequence[float], b
     """The verdict of one report (flat ``logq`` of ``probe.continuations``, ``previous_logq`` of
     ``probe.previous.continuations`` or empty): ``older`` when it decidably serves the previous
     version, ``above_bound`` when its KL or max |Δ| exceeds ``bound``, ``undecided`` when the two
-    versions are closer than ``margin`` times the recipe's noise (it then cannot tell), else ``ok``."""
+    versions are closer than ``margin`` times the recipe's noise (the larger of ``bound.noise`` and
+    the report's own distance to the nearer version: it then cannot tell), else ``ok``."""
     current = compare(flatten(probe.logprobs), logq)
     separation, verdict, reason = 0.0, OK, ""
     prev = probe.previous
@@ -198,10 +199,13 @@ def judge(probe: Probe, logq: Sequence[float], previous_logq: Sequence[float], b
         old = compare(flatten(prev.logprobs), previous_logq)
         new = compare(flatten(prev.logprobs_now), previous_logq)
         separation = compare(flatten(prev.logprobs), flatten(prev.logprobs_now)).mean_abs
-        if separation <= margin * bound.noise:
+        # The recipe's noise on this model now: its distance to whichever version it serves
+        # (a trained model's sharper distributions show more than the measured table says).
+        noise = max(bound.noise, min(old.mean_abs, new.mean_abs))
+        if separation <= margin * noise:
             verdict = UNDECIDED
             reason = (f"versions {prev.version} and {probe.version} differ by {separation:.2e} "
-                      f"(mean |Δ log p|), within {margin:g} x the recipe's noise {bound.noise:.2e}")
+                      f"(mean |Δ log p|), within {margin:g} x the recipe's noise {noise:.2e}")
         elif old.mean_abs < new.mean_abs:
             return Judgement(OLDER, current, separation,
                              f"its log-probabilities match version {prev.version} "

@@ -200,3 +200,41 @@ def test_a_noop_reload_is_caught_within_one_version_then_revoked(two_versions, t
         client.close()
     finally:
         svc.stop(grace=0)
+
+
+def _session(group="g"):
+    from trainer_jax.service.sessions import Session
+
+    return Session(id="s1", name="s1", group=group, recipe={"name": "nvfp4_w4a4"},
+                   accelerator="cpu", capacity=1, weight_formats=("nvfp4",), peer="", last_seen=0.0)
+
+
+def _report(probe: Probe, shift: float) -> pb.ProbeReport:
+    return pb.ProbeReport(version=probe.version,
+                          logprobs=[x - shift for x in flatten(probe.logprobs)])
+
+
+def test_run_bounds_alarm_on_a_jump_over_the_groups_own_baseline_once():
+    """A trained policy's mismatch is far above the table's tiny random policies: by default the
+    alarm is relative to the group's first reports (service.probe.bounds: run), and it is raised
+    once when a sampler goes above, not at every version; bounds: table judges the table as is."""
+    from trainer_jax.config import ProbeConfig
+    from trainer_jax.service.probes import ProbeBook
+
+    table = {"nvfp4_w4a4/engine/cpu": Bound(kl=1e-4, max_abs=0.05, noise=0.01, measured_on="cpu")}
+    book, s = ProbeBook(ProbeConfig(), bounds=table), _session()
+    verdicts = []
+    for v, shift in enumerate((0.3, 0.3, 0.3, 0.3, 2.0, 2.0, 0.3)):
+        probe = Probe(v, 0, [[1]], [[2, 3]], [[-1.0, -2.0]])
+        book.add(probe)
+        action, _ = book.report(s, _report(probe, shift))
+        assert action == pb.ProbeAck.OK
+        verdicts.append(s.probe.verdict)
+    # shift 0.3 is far above the table (KL 0.04 > 1e-4) but is this group's normal: no alarm
+    assert verdicts == [OK, OK, OK, OK, ABOVE_BOUND, ABOVE_BOUND, OK]
+    assert len(book.alarms) == 1 and "version 4" in book.alarms[0]
+    strict, s2 = ProbeBook(ProbeConfig(bounds="table"), bounds=table), _session()
+    probe = Probe(0, 0, [[1]], [[2, 3]], [[-1.0, -2.0]])
+    strict.add(probe)
+    strict.report(s2, _report(probe, 0.3))
+    assert s2.probe.verdict == ABOVE_BOUND

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, field_validator, model_validator
 
 from trainer_jax.config.base import Strict as _Strict
@@ -74,8 +76,16 @@ class ProbeConfig(_Strict):
     # "serves the previous version" only when consecutive versions differ by more than this many
     # times the recipe's own noise (mean |delta log p| at equal weights); else "undecided".
     margin: float = Field(3.0, gt=0, allow_inf_nan=False)
-    # Stop leasing to a sampler whose probe exceeds its recipe's bound (only where the bound was
-    # measured on the sampler's device kind; elsewhere it alarms).
+    # What "above the bound" means. "run": above alarm_factor x the group's own baseline (the
+    # median of its first baseline_versions reports; never below the table's bound): a recipe's
+    # mismatch depends on the model, and a trained policy's sharper distributions show far more
+    # than the table's tiny random policies. "table": the measured table
+    # (trainer_jax/service/probe_bounds.json, benchmarks/bench_probe.py) as is.
+    bounds: Literal["run", "table"] = "run"
+    alarm_factor: float = Field(10.0, gt=1, allow_inf_nan=False)
+    baseline_versions: int = Field(3, ge=1)
+    # Stop leasing to a sampler whose probe exceeds its recipe's bound: with bounds: table only,
+    # and only where the bound was measured on the sampler's device kind (elsewhere it alarms).
     enforce: bool = False
     # RELOAD requests after a no-op reload or stale weights before the session is revoked.
     max_reloads: int = Field(1, ge=0)

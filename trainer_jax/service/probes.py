@@ -10,10 +10,15 @@ A report is judged in this order (``mixrl_wire.probe``):
 2. **Which version.** On the previous version's continuation, log q closer to p_{v-1} than to p_v,
    when the two versions differ by more than ``margin`` times the recipe's noise: ``older``,
    handled like a no-op reload. Closer than that: ``undecided`` (never acted on).
-3. **How far.** Probe KL or max |Δ log p| above the recipe's bound (per recipe, backend and device
-   kind: ``probe_bounds.json``, measured by ``benchmarks/bench_probe.py``): an alarm (logged,
-   counted, in ``Status``); with ``service.probe.enforce`` the sampler is revoked, but only where
-   the bound was measured on its device kind (CPU-measured bounds alarm, never enforce, on a GPU).
+3. **How far.** Probe KL or max |Δ log p| above the bound: an alarm (logged once when a sampler
+   goes above, counted, in ``Status``). ``service.probe.bounds: run`` (default): above
+   ``alarm_factor`` x the group's own baseline (the median of its first ``baseline_versions``
+   reports), never below the measured table's bound — a recipe's mismatch depends on the model
+   (on the demo's trained policy, nvfp4_w4a4 shows a probe KL near 0.1 where the table's tiny
+   random policies show 4e-4). ``bounds: table``: the measured bound (per recipe, backend and device
+   kind: ``probe_bounds.json``, ``benchmarks/bench_probe.py``) as is; with
+   ``service.probe.enforce`` the sampler is then revoked, but only where the bound was measured on
+   its device kind (CPU-measured bounds alarm, never enforce, on a GPU).
 
 A report that passes sets the sampler's ``verified_version``. Samplers that never report stay
 ``unverified`` (verified_version -1), which ``Status`` and the status line show.
@@ -23,6 +28,8 @@ from __future__ import annotations
 
 import json
 import logging
+import math
+import statistics
 import threading
 from collections.abc import Mapping
 from pathlib import Path
@@ -84,7 +91,9 @@ class ProbeBook:
         self.lock = threading.Lock()
         #: (version, group) -> worst (kl, max_abs) reported by the group's samplers
         self.by_group: dict[tuple[int, str], tuple[float, float]] = {}
-        self.alarms: list[str] = []
+        #: group -> its first reports' (kl, max_abs), the baseline of ``bounds: run``
+        self.baselines: dict[str, list[tuple[float, float]]] = {}
+        self.alarms: list[str] = []  # one line each time a sampler goes above its bound
 
     def add(self, probe: Probe) -> None:
         with self.lock:
@@ -123,7 +132,8 @@ class ProbeBook:
             return pb.ProbeAck.OK, st.reason
         recipe = s.recipe.get("name", "")
         device = s.device.get("type", "") or "cpu"
-        bound = bound_for(self.bounds, recipe, s.recipe.get("backend", ""), device)
+        bound = self._bound(s.group, bound_for(self.bounds, recipe, s.recipe.get("backend", ""),
+                                               device))
         try:
             j = judge(probe, list(req.logprobs), list(req.previous_logprobs), bound,
                       margin=self.cfg.margin)
@@ -135,20 +145,39 @@ class ProbeBook:
         with self.lock:
             worst = self.by_group.get(key, (0.0, 0.0))
             self.by_group[key] = (max(worst[0], j.current.kl), max(worst[1], j.current.max_abs))
+            base = self.baselines.setdefault(s.group, [])
+            if len(base) < self.cfg.baseline_versions and j.verdict != OLDER:
+                base.append((j.current.kl, j.current.max_abs))
         if j.verdict == OLDER:
             return self._reload_or_revoke(s, OLDER, f"version {req.version}: {j.reason}")
         if j.verdict == "above_bound":
             st.alarms += 1
             line = (f"probe alarm: sampler {s.name} (group {s.group}, recipe {recipe}, {device}) "
                     f"on version {req.version}: {j.reason}")
-            log.warning(line)
-            self.alarms.append(line)
+            if not st.alarming:  # once when it goes above, not at every version
+                log.warning(line)
+                self.alarms.append(line)
+            st.alarming = True
             if self.cfg.enforce and bound.measured_on == device:
                 return pb.ProbeAck.REVOKED, line
             return pb.ProbeAck.OK, line
+        st.alarming = False
         st.verified_version = max(st.verified_version, int(req.version))
         st.reload_requests = 0
         return pb.ProbeAck.OK, j.reason
+
+    def _bound(self, group: str, table: Bound) -> Bound:
+        """The bound a report of ``group`` is judged against (``service.probe.bounds``)."""
+        if self.cfg.bounds == "table":
+            return table
+        with self.lock:
+            base = list(self.baselines.get(group, ()))
+        if len(base) < self.cfg.baseline_versions:  # no baseline yet: nothing to alarm against
+            return Bound(math.inf, math.inf, table.noise, measured_on="run")
+        f = self.cfg.alarm_factor
+        return Bound(max(table.kl, f * statistics.median(b[0] for b in base)),
+                     max(table.max_abs, f * statistics.median(b[1] for b in base)),
+                     table.noise, measured_on="run")
 
     def _reload_or_revoke(self, s: Session, verdict: str, reason: str) -> tuple[int, str]:
         st = s.probe

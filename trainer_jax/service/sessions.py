@@ -53,7 +53,8 @@ class ProbeState:
     verdict: str = ""
     reason: str = ""
     reload_requests: int = 0     # RELOADs asked of it (no-op reloads, stale weights)
-    alarms: int = 0
+    alarms: int = 0              # reports above the bound
+    alarming: bool = False       # its last report was above the bound
 
 
 @dataclasses.dataclass
