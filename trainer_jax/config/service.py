@@ -76,10 +76,10 @@ class ProbeConfig(_Strict):
     # "serves the previous version" only when consecutive versions differ by more than this many
     # times the recipe's own noise (mean |delta log p| at equal weights); else "undecided".
     margin: float = Field(3.0, gt=0, allow_inf_nan=False)
-    # What "above the bound" means. "run": above alarm_factor x the group's own baseline (the
-    # median of its first baseline_versions reports; never below the table's bound): a recipe's
-    # mismatch depends on the model, and a trained policy's sharper distributions show far more
-    # than the table's tiny random policies. "table": the measured table
+    # What "above the bound" means. "run": probe KL above alarm_factor x the median of the
+    # group's newest reports (at least baseline_versions of them; never below the table's bound),
+    # a jump: a recipe's mismatch depends on the model, and a trained policy's sharper
+    # distributions show far more than the table's tiny random policies. "table": the measured table
     # (trainer_jax/service/probe_bounds.json, benchmarks/bench_probe.py) as is.
     bounds: Literal["run", "table"] = "run"
     alarm_factor: float = Field(10.0, gt=1, allow_inf_nan=False)
