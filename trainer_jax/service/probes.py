@@ -11,7 +11,8 @@ A report is judged in this order (``mixrl_wire.probe``):
    when the two versions differ by more than ``margin`` times the recipe's noise: ``older``,
    handled like a no-op reload. Closer than that: ``undecided`` (never acted on).
 3. **How far.** Probe KL or max |Δ log p| above the bound: an alarm (logged once when a sampler
-   goes above, counted, in ``Status``). ``service.probe.bounds: run`` (default): a probe KL above
+   goes above for ``alarm_after`` reports in a row, counted, in ``Status``; one report of 64
+   tokens swings widely). ``service.probe.bounds: run`` (default): a probe KL above
    ``alarm_factor`` x the median of the group's newest reports (``RECENT``, at least
    ``baseline_versions``), never below the measured table's bound: a jump, not the slow growth
    of the mismatch as the policy sharpens — a recipe's mismatch depends on the model
@@ -155,9 +156,14 @@ class ProbeBook:
         if j.verdict == OLDER:
             return self._reload_or_revoke(s, OLDER, f"version {req.version}: {j.reason}")
         if j.verdict == "above_bound":
-            st.alarms += 1
+            st.above_streak += 1
             line = (f"probe alarm: sampler {s.name} (group {s.group}, recipe {recipe}, {device}) "
-                    f"on version {req.version}: {j.reason}")
+                    f"on version {req.version}: {j.reason}"
+                    + (f" ({st.above_streak} reports in a row)" if st.above_streak > 1 else ""))
+            if st.above_streak < self.cfg.alarm_after:  # 64 tokens: single reports swing widely
+                st.verified_version = max(st.verified_version, int(req.version))
+                return pb.ProbeAck.OK, j.reason
+            st.alarms += 1
             if not st.alarming:  # once when it goes above, not at every version
                 log.warning(line)
                 self.alarms.append(line)
@@ -167,7 +173,7 @@ class ProbeBook:
             if self.cfg.enforce and bound.measured_on == device:
                 return pb.ProbeAck.REVOKED, line
             return pb.ProbeAck.OK, line
-        st.alarming = False
+        st.alarming, st.above_streak = False, 0
         st.verified_version = max(st.verified_version, int(req.version))
         st.reload_requests = 0
         return pb.ProbeAck.OK, j.reason

@@ -54,7 +54,8 @@ class ProbeState:
     reason: str = ""
     reload_requests: int = 0     # RELOADs asked of it (no-op reloads, stale weights)
     alarms: int = 0              # reports above the bound
-    alarming: bool = False       # its last report was above the bound
+    alarming: bool = False       # its last report raised (or kept) an alarm
+    above_streak: int = 0        # reports above the bound in a row
 
 
 @dataclasses.dataclass
