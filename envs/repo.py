@@ -33,6 +33,7 @@ from envs.base import Environment, Episode, StepResult, Task, register_env
 from envs.chat import Chat
 from envs.repo_tasks import generate
 from envs.repo_tools import NUDGE, TOOLS, TrustedDir, grade_package, parse_calls, run_tool
+from envs.rollout import segments
 from envs.sandbox import Sandbox, SandboxLimits
 from envs.tool_calls import _reply_text
 
@@ -226,15 +227,6 @@ def turn_stats(chat: Chat, token_ids: np.ndarray, loss_mask: np.ndarray) -> dict
         stats["empty_replies"] += not text.strip()
         stats["toolless_turns"] += bool(text.strip()) and not calls and not malformed
     return stats
-
-
-def segments(loss_mask: np.ndarray) -> list[tuple[int, int, bool]]:
-    """``(start, end, policy)`` runs of the loss mask, in order."""
-    mask = np.asarray(loss_mask).astype(bool)
-    if not len(mask):
-        return []
-    cuts = [0, *(np.flatnonzero(np.diff(mask.astype(np.int8))) + 1).tolist(), len(mask)]
-    return [(a, b, bool(mask[a])) for a, b in zip(cuts[:-1], cuts[1:], strict=True)]
 
 
 def policy_turns(chat: Chat, token_ids: np.ndarray, loss_mask: np.ndarray) -> list[str]:

@@ -94,6 +94,16 @@ class _Builder:
             termination=self.termination, turns=self.turns, errors=self.episode.errors)
 
 
+def segments(loss_mask: np.ndarray) -> list[tuple[int, int, bool]]:
+    """``(start, end, policy)`` runs of an episode's loss mask, in order: the policy's turns
+    (``policy`` true) and the environment's observations between them."""
+    mask = np.asarray(loss_mask).astype(bool)
+    if not len(mask):
+        return []
+    cuts = [0, *(np.flatnonzero(np.diff(mask.astype(np.int8))) + 1).tolist(), len(mask)]
+    return [(a, b, bool(mask[a])) for a, b in zip(cuts[:-1], cuts[1:], strict=True)]
+
+
 def run_episodes(generate: Callable, episodes: Sequence[Episode], params, *,
                  max_total_tokens: int | Sequence[int] = 512,
                  seeds: Sequence[int] | None = None) -> list[EpisodeRecord]:

@@ -26,17 +26,9 @@ from typing import Any
 import numpy as np
 
 from envs.base import split_finish_reason
+from envs.rollout import segments
 
 EPISODES_DIR = "episodes"
-
-
-def segments(loss_mask: np.ndarray) -> list[tuple[int, int, bool]]:
-    """``(start, end, policy)`` runs of a loss mask, in order."""
-    mask = np.asarray(loss_mask).astype(bool)
-    if not len(mask):
-        return []
-    cuts = [0, *(np.flatnonzero(np.diff(mask.astype(np.int8))) + 1).tolist(), len(mask)]
-    return [(a, b, bool(mask[a])) for a, b in zip(cuts[:-1], cuts[1:], strict=True)]
 
 
 def _env_of(group) -> Any:
