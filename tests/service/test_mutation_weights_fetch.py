@@ -22,23 +22,6 @@ BASE = ["service.listen=127.0.0.1:0", "tasks.group_size=2", "tasks.sampling.max_
         "tasks.sampling.head_k=4"]
 
 
-@pytest.fixture(scope="module")
-def published(tmp_path_factory):
-    """Version 1 of the tiny model as published; version 2 the same with one shard's byte flipped."""
-    from tiny import tiny_char_model
-
-    from convert.publish import publish
-    root = tmp_path_factory.mktemp("weights")
-    init = tiny_char_model(root / "init")
-    v1 = publish(init, None, root / "pub", 1, ["bf16"], keep_last=None)
-    v2 = publish(init, None, root / "pub", 2, ["bf16"], keep_last=None)
-    shard = next(v2["bf16"].glob("*.safetensors"))
-    raw = bytearray(shard.read_bytes())
-    raw[-5] ^= 0xFF  # same size, different bytes: only the sha256 can tell
-    shard.write_bytes(bytes(raw))
-    return v1, v2
-
-
 def _unchained(wv):
     for loc in wv.locations:
         del loc.chain[:]
