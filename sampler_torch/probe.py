@@ -11,29 +11,29 @@ Torch-free: a third-party sampler can reuse it with any backend of that shape.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from convert.manifest import MANIFEST_NAME, ManifestError, read_manifest
 from mixrl_wire import pb
 from mixrl_wire.probe import PROBE_FILE, flatten, read_probe
 
 log = logging.getLogger("mixrl.sampler")
 
 #: files whose change does not change the weights (the manifest itself, the probe, metadata)
-_NOT_WEIGHTS = {"manifest.json", PROBE_FILE}
+_NOT_WEIGHTS = {MANIFEST_NAME, PROBE_FILE}
 
 
 def weight_files(directory: str | Path) -> dict[str, str] | None:
     """``{relative path: sha256}`` of the weight files of an export (from its manifest; ``None``
     without one)."""
     try:
-        files = json.loads((Path(directory) / "manifest.json").read_text())["files"]
-        return {rel: str(f["sha256"]) for rel, f in files.items() if rel not in _NOT_WEIGHTS}
-    except (OSError, ValueError, KeyError, TypeError):
+        files = read_manifest(directory)["files"]
+    except (OSError, ManifestError):
         return None
+    return {rel: str(f["sha256"]) for rel, f in files.items() if rel not in _NOT_WEIGHTS}
 
 
 def digest(backend: Any) -> str | None:
