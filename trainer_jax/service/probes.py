@@ -8,8 +8,9 @@ A report is judged in this order (``mixrl_wire.probe``):
    ``/weight_checker``) did a no-op reload: it is asked to reload (``RELOAD``) up to
    ``service.probe.max_reloads`` times, then revoked with the reason.
 2. **Which version.** On the previous version's continuation, log q closer to p_{v-1} than to p_v,
-   when the two versions differ by more than ``margin`` times the recipe's noise: ``older``,
-   handled like a no-op reload. Closer than that: ``undecided`` (never acted on).
+   when the two versions differ by more than ``margin`` times the recipe's noise: ``older``, asked
+   to reload (up to ``max_reloads``) and shown in ``Status``, never revoked on this alone (a
+   quantized export can absorb a small update). Closer than that: ``undecided``.
 3. **How far.** Probe KL or max |Δ log p| above the bound: an alarm (logged once when a sampler
    goes above for ``alarm_after`` reports in a row, counted, in ``Status``; one report of 64
    tokens swings widely). ``service.probe.bounds: run`` (default): a probe KL above
@@ -154,7 +155,15 @@ class ProbeBook:
                 base.append((j.current.kl, j.current.max_abs))
                 del base[:-RECENT]
         if j.verdict == OLDER:
-            return self._reload_or_revoke(s, OLDER, f"version {req.version}: {j.reason}")
+            # Asked to reload, never revoked on this alone: a quantized export absorbs an update
+            # below its resolution, so a healthy fp8 / mxfp4 sampler can sit closer to the
+            # previous policy (make demo revoked two that way). A no-op reload is caught by the
+            # fingerprint, which is hard evidence.
+            st.verdict, st.reason = OLDER, f"version {req.version}: {j.reason}"
+            if st.reload_requests < self.cfg.max_reloads:
+                st.reload_requests += 1
+                return pb.ProbeAck.RELOAD, st.reason
+            return pb.ProbeAck.OK, st.reason
         if j.verdict == "above_bound":
             st.above_streak += 1
             line = (f"probe alarm: sampler {s.name} (group {s.group}, recipe {recipe}, {device}) "
