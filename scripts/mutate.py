@@ -66,7 +66,17 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
                   "tests/sampler/test_logit_noise.py::"
                   "test_noise_is_standard_normal_and_a_pure_function_of_seed_counter_and_id"]),
     # later, after their rewrites (issue 37)
-    "sandbox": (["envs/sandbox.py"], ["tests/envs/test_mutation_sandbox.py", "tests/envs/test_sandbox.py"]),
+    # test_jail's two-sandbox fork bomb is left out: its cgroup-empty check after a kill races under
+    # load (failed once unmutated here), and a flaky test would count as a kill
+    "sandbox": (["envs/sandbox.py"],
+                ["tests/envs/test_mutation_sandbox.py", "tests/envs/test_sandbox.py"]
+                + [f"tests/envs/test_jail.py::test_{t}" for t in (
+                    "limits_in_force_inside_are_the_configured_ones",
+                    "process_count_past_the_pids_limit_is_refused_by_the_cgroup",
+                    "memfd_past_the_memory_limit_is_stopped", "sysv_ipc_is_gone_when_the_run_ends",
+                    "setsid_sleep_is_gone_after_a_timeout_and_after_close",
+                    "disk_fill_stops_at_the_writable_area_size",
+                    "the_jail_dies_with_its_owner_and_the_next_sandbox_cleans_up")]),
     "rewards": (["envs/rewards"], ["tests/envs/test_rewards.py", "tests/envs/test_code_reward.py"]),
     "router": (["trainer_jax/service/router.py"], ["tests/service/test_service.py"]),
 }
