@@ -34,6 +34,8 @@ def _main_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-dir", help="output directory (overrides run.dir)")
     p.add_argument("--steps", type=int, help="number of steps (overrides run.steps)")
     p.add_argument("--resume", action="store_true", help="continue from the run dir's last checkpoint")
+    p.add_argument("--prices", metavar="FILE", help="price table (YAML/JSON: accelerator: USD per "
+                   "replica-hour) merged over the config's prices:")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. run.seed=3")
     return p
 
@@ -66,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     # is moved aside (the config, the files it names, then the machine's devices in train()).
     errors = Console(stderr=True, soft_wrap=True)
     try:
-        cfg = load_config(args.config, overrides)
+        cfg = load_config(args.config, overrides, prices=args.prices)
         from trainer_jax.batch_shape import check_config
         from trainer_jax.config.checks import check_model_files
 
@@ -211,6 +213,9 @@ def serve_main(argv: list[str]) -> int:
             overrides.append(f"{key}={value}")
     try:
         cfg = load_config(args.config, overrides)
+        if cfg.service.router.policy == "cost":  # its useful shares come from a learner's steps
+            raise ConfigError("service.router.policy cost needs a learner to feed it each group's "
+                              "useful share; mixrl-train serve has none (use throughput)")
     except ConfigError as e:
         print(f"mixrl-train serve: {e}", file=sys.stderr)
         return 2

@@ -62,6 +62,36 @@ class RunConfig(_Strict):
     mesh: MeshConfig = MeshConfig()
     distributed: DistributedConfig = DistributedConfig()
     logging: LoggingConfig = LoggingConfig()
+    # USD per replica-hour by accelerator name (a group's ``accelerator``); a group's own
+    # ``price_per_hour`` wins. ``mixrl-train --prices FILE`` merges a file's table over this one.
+    prices: dict[str, float] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _priced_groups(self) -> RunConfig:
+        for key, usd in self.prices.items():
+            if not usd >= 0 or usd == float("inf"):
+                raise ValueError(f"prices.{key}: must be a finite USD per hour >= 0, got {usd}")
+        router = self.service.router
+        if router.policy == "cost":
+            unpriced = [g.name for g in self.groups if self.price_of(g) is None]
+            if unpriced:
+                raise ValueError(f"service.router.policy cost: group {unpriced[0]!r} has no price (set its "
+                                 "price_per_hour, or its accelerator with an entry in prices:)")
+        if self.groups and router.max_share * len(self.groups) < 1:
+            raise ValueError(f"service.router.max_share ({router.max_share}) x {len(self.groups)} groups "
+                             "is below 1: the leases cannot all be placed")
+        return self
+
+    def price_of(self, group: SamplerGroupConfig) -> float | None:
+        """USD per replica-hour of ``group``: its own price, else the table's for its accelerator,
+        else None (no USD figures for the group, not zero)."""
+        if group.price_per_hour is not None:
+            return group.price_per_hour
+        return self.prices.get(group.accelerator) if group.accelerator else None
+
+    def group_prices(self) -> dict[str, float | None]:
+        """``{group name: USD per replica-hour or None}`` for every group."""
+        return {g.name: self.price_of(g) for g in self.groups}
 
     @model_validator(mode="after")
     def _unique_group_names(self) -> RunConfig:
@@ -157,7 +187,27 @@ def apply_override(tree: dict[str, Any], override: str) -> None:
         raise ConfigError(f"override {override!r}: value is not valid YAML ({e})") from None
 
 
-def load_config(path: str | os.PathLike | None, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
+def read_prices(path: str | os.PathLike) -> dict[str, float]:
+    """A price table file (YAML or JSON): a mapping accelerator -> USD per replica-hour."""
+    p = Path(path)
+    try:
+        table = yaml.safe_load(p.read_text())
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"--prices {p}: cannot be read ({e})") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"--prices {p}: not valid YAML or JSON ({' '.join(str(e).split())})") from None
+    if not isinstance(table, dict) or not table:
+        raise ConfigError(f"--prices {p}: must be a non-empty mapping accelerator: USD per hour")
+    for key, usd in table.items():
+        if isinstance(usd, bool) or not isinstance(usd, (int, float)) or not 0 <= usd < float("inf"):
+            raise ConfigError(f"--prices {p}: {key}: must be a number of USD per hour >= 0, got {usd!r}")
+    return {str(k): float(v) for k, v in table.items()}
+
+
+def load_config(path: str | os.PathLike | None, overrides: list[str] | tuple[str, ...] = (),
+                prices: str | os.PathLike | None = None) -> RunConfig:
+    """The validated run config of ``path`` with ``overrides``; ``prices``: a price table file
+    merged over the config's ``prices:`` (``read_prices``)."""
     tree: dict[str, Any] = {}
     if path is not None:
         p = Path(path)
@@ -173,6 +223,11 @@ def load_config(path: str | os.PathLike | None, overrides: list[str] | tuple[str
             raise ConfigError(f"{p}: top level must be a mapping")
     for override in overrides:
         apply_override(tree, override)
+    if prices is not None:
+        table = read_prices(prices)
+        if not isinstance(tree.get("prices", {}), dict):
+            raise ConfigError("prices: must be a mapping accelerator: USD per hour")
+        tree["prices"] = {**tree.get("prices", {}), **table}
     try:
         return RunConfig.model_validate(tree)
     except ValidationError as e:
@@ -200,4 +255,4 @@ def describe(e: ValidationError) -> str:
 __all__ = ["BufferConfig", "ConfigError", "DistributedConfig", "MeshConfig", "MixEntry", "ModelConfig",
            "ObjectiveConfig", "OptimizerConfig", "ProbeConfig", "RouterConfig", "RunConfig", "RunSection",
            "SFTConfig", "SamplerGroupConfig", "ServiceConfig", "ServiceLimitsConfig", "TLSConfig",
-           "TasksConfig", "TrainConfig", "apply_override", "load_config"]
+           "TasksConfig", "TrainConfig", "apply_override", "load_config", "read_prices"]

@@ -18,8 +18,18 @@ from trainer_jax.config.base import one_of
 class SamplerGroupConfig(_Strict):
     """One group of samplers sharing a precision recipe (sampler_torch.recipes).
 
-    ``spawn``: the trainer starts ``processes`` local ``mixrl-sample`` processes for the group;
-    otherwise the group's samplers join by address on their own.
+    ``processes``: the group's replica count, spawned or not: with ``spawn`` the trainer starts
+    that many local ``mixrl-sample`` processes; otherwise the group's samplers join by address
+    on their own and ``processes`` is how many a launcher starts (the Ray fleet, the planner's
+    ``plan.yaml``) and the count cost accounting assumes until samplers register.
+    ``min_processes`` / ``max_processes``: autoscaling bounds around ``processes`` (None: fixed).
+    ``accelerator``: what a replica runs on (``H100``, ``B200``, ``cpu``): the key of the price
+    table (top-level ``prices:``, ``mixrl-train --prices FILE``) and, on Ray, the resource; never
+    a torch device name. A registering sampler whose reported device does not match it is a
+    warning, not a refusal (``trainer_jax.cost.accelerator_mismatch``).
+    ``price_per_hour``: USD per replica-hour; None: the price table's entry for ``accelerator``;
+    neither: the group has no USD figures (not zero).
+    ``resources``: what one replica asks of a scheduler (``num_cpus``, ``num_gpus``, ...).
     ``device``: where spawned samplers compute (``mixrl-sample --device``: ``auto``, ``cpu``,
     ``cuda``, ``cuda:N``; ``mixrl_wire.devices``). On a host whose GPUs the JAX trainer holds, a
     group on a GPU is refused at load unless the trainer's memory share was lowered
@@ -34,6 +44,11 @@ class SamplerGroupConfig(_Strict):
     # logits, recorded in the group's registered recipe. None: the recipe's (0, off).
     logit_noise: float | None = Field(None, ge=0, allow_inf_nan=False)
     processes: int = Field(1, ge=0)
+    min_processes: int | None = Field(None, ge=0)
+    max_processes: int | None = Field(None, ge=0)
+    accelerator: str | None = Field(None, min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:+-]+$")
+    price_per_hour: float | None = Field(None, ge=0, allow_inf_nan=False)
+    resources: dict[str, float] = Field(default_factory=dict)
     capacity: int = Field(8, gt=0)
     threads: int = Field(1, gt=0)
     spawn: bool = True
@@ -48,6 +63,23 @@ class SamplerGroupConfig(_Strict):
             return check_spec(v)
         except DeviceError as e:
             raise ValueError(str(e)) from None
+
+    @field_validator("resources")
+    @classmethod
+    def _resource_amounts(cls, v: dict[str, float]) -> dict[str, float]:
+        for key, amount in v.items():
+            if not key or amount < 0 or amount != amount or amount == float("inf"):
+                raise ValueError(f"resources.{key}: must be a finite amount >= 0, got {amount}")
+        return v
+
+    @model_validator(mode="after")
+    def _replica_bounds(self) -> SamplerGroupConfig:
+        lo = self.min_processes if self.min_processes is not None else self.processes
+        hi = self.max_processes if self.max_processes is not None else self.processes
+        if not lo <= self.processes <= hi:
+            raise ValueError(f"group {self.name!r}: needs min_processes <= processes <= max_processes, "
+                             f"got {lo} <= {self.processes} <= {hi}")
+        return self
 
     @model_validator(mode="after")
     def _gpu_not_held_by_trainer(self) -> SamplerGroupConfig:

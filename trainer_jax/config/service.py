@@ -55,6 +55,12 @@ class RouterConfig(_Strict):
     ema_alpha: float = Field(0.3, gt=0, le=1)
     interval_s: float = Field(1.0, gt=0)
     min_share: float = Field(0.05, ge=0, lt=1)
+    # Constraints of policy cost (trainer_jax.service.router.cost_policy): no group above
+    # max_share; a group whose probe KL (k3 of the version probe) or share of tokens outside
+    # [c_min, c_max] is above its bound falls to min_share. None: no bound.
+    max_share: float = Field(1.0, gt=0, le=1)
+    max_k3: float | None = Field(None, ge=0, allow_inf_nan=False)
+    max_out_of_range: float | None = Field(None, ge=0, le=1)
 
     @field_validator("policy")
     @classmethod
@@ -62,6 +68,12 @@ class RouterConfig(_Strict):
         from trainer_jax.service.router import POLICIES  # the registry: one definition of the names
 
         return one_of(v, sorted(POLICIES), "router policy")
+
+    @model_validator(mode="after")
+    def _share_bounds(self) -> RouterConfig:
+        if self.max_share < self.min_share:
+            raise ValueError(f"max_share ({self.max_share}) is below min_share ({self.min_share})")
+        return self
 
 
 class ProbeConfig(_Strict):

@@ -31,6 +31,7 @@ from mixrl_wire import BULK_CHANNEL_OPTIONS, SERVICE_NAME, pb, pb_grpc
 from mixrl_wire.fastpath import WireTrajectory, decode_trajectory
 from mixrl_wire.probe import Probe
 from trainer_jax.config import RunConfig, ServiceConfig
+from trainer_jax.cost import accelerator_mismatch
 from trainer_jax.service.auth import BearerTokenInterceptor, server_credentials
 from trainer_jax.service.buffer import TrajectoryGroup
 from trainer_jax.service.probes import ProbeBook
@@ -66,6 +67,8 @@ class _Servicer(pb_grpc.RolloutServicer):
         log.info("registered %s (group %s, recipe %s, capacity %d, %s) from %s", s.name, s.group,
                  s.recipe.get("name"), s.capacity, describe_device(s.device, s.recipe.get("name")),
                  s.peer)
+        if problem := accelerator_mismatch(self.svc.accelerators.get(s.group), s.accelerator, s.device):
+            log.warning("sampler %s (group %s): %s", s.name, s.group, problem)  # never refused
         return pb.RegisterResponse(
             session_id=s.id, server_id=self.svc.server_id,
             heartbeat_interval_ms=int(cfg.heartbeat_s * 1000), session_ttl_ms=int(cfg.session_ttl_s * 1000),
@@ -187,6 +190,7 @@ class RolloutService:
         self.cfg = cfg
         self.source = source
         self.token = token
+        self.accelerators: dict[str, str | None] = {}  # group -> its priced accelerator (from_config)
         self.vocab_size = int(vocab_size)
         self.listen = listen or cfg.listen
         self.server_id = f"{int(time.time()):x}-{threading.get_native_id():x}-{id(self) & 0xffff:x}"
@@ -438,6 +442,8 @@ class RolloutService:
                              "task source has no tokenizer); set it")
         svc = cls(cfg.service, source, token=token, vocab_size=vocab, listen=listen)
         svc.scheduler.max_support = cfg.train.support_k  # a larger kept set is refused, counted
+        svc.router.configure(cfg.group_prices(), cfg.train.max_staleness)  # policy cost's inputs
+        svc.accelerators = {g.name: g.accelerator for g in cfg.groups}  # checked at registration
         svc.partial_rollouts = cfg.train.partial_rollouts
         return svc
 
