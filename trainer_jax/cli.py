@@ -5,6 +5,7 @@
     mixrl-train sft --config C --out HF_DIR [key=value ...]   the supervised warm start alone
     mixrl-train plot RUN_DIR                                   PNG plots of a run's metrics
     mixrl-train sweep SWEEP.yaml [--quick] [--out DIR] [--report-only]   the ablation grid + report
+    mixrl-train plan RUN_DIR --budget USD_PER_HOUR [--prices F] [--limits F] [--out plan.yaml]
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ def _main_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="mixrl-train",
         description="Train a policy from mixed-precision sampler groups. Without a subcommand, runs "
-                    "the job the config describes. Subcommands: serve, sft, plot, sweep"
+                    "the job the config describes. Subcommands: serve, sft, plot, sweep, plan"
                     + "".join(f", {k}" for k in PLANNED) + ".")
     p.add_argument("--config", required=True, help="YAML run config (see configs/)")
     p.add_argument("--run-dir", help="output directory (overrides run.dir)")
@@ -53,6 +54,10 @@ def main(argv: list[str] | None = None) -> int:
         return sft_main(argv[1:])
     if argv and argv[0] == "sweep":
         return sweep_main(argv[1:])
+    if argv and argv[0] == "plan":  # trainer_jax.plan: a sampler pool from a run's measurements
+        from trainer_jax.plan import plan_main
+
+        return plan_main(argv[1:])
     if argv and argv[0] in PLANNED:
         sub = argparse.ArgumentParser(prog=f"mixrl-train {argv[0]}", description=PLANNED[argv[0]])
         sub.parse_known_args(argv[1:])  # --help works; anything else is not built yet

@@ -1,0 +1,164 @@
+"""The planner's arithmetic: stability limits, and the integer program that picks replica counts.
+
+The problem ``mixrl-train plan`` solves: choose an integer replica count ``n_g >= 0`` for every
+group that passed the stability limits, maximising useful samples per hour ``sum n_g * v_g``
+subject to ``sum n_g * c_g <= budget`` (``v_g``: useful samples per replica-hour, ``c_g``: USD per
+replica-hour). That is an integer (unbounded) knapsack. Greedy by useful samples per dollar is
+*not* optimal for it (budget 10, A costs 6 for 7, B costs 5 for 5.5: greedy buys one A for 7, two
+B give 11), so ``solve`` is exact: depth-first branch and bound over the counts, groups in order
+of value per dollar, most replicas first, pruning a branch when its LP-relaxation bound (the
+remaining budget spent fractionally at the best remaining value per dollar, an upper bound on
+every integer completion) cannot beat the best plan found. Every plan not pruned is evaluated and
+a pruned branch provably holds nothing better, so the result is optimal; a mixed fleet has a
+handful of groups and the bound prunes nearly everything (tests compare it with brute force).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from importlib import resources
+from pathlib import Path
+
+import yaml
+
+#: limit name -> (what it bounds, the measurement it is checked against)
+LIMIT_KEYS: dict[str, str] = {
+    "max_k3": "the group's mean k3 (sampler vs trainer log-probs of the trained tokens)",
+    "max_k3_ratio": "the group's mean k3 over the lowest group's mean k3 in the same run",
+    "max_k3_growth": "the group's mean k3 over the run's last third / its first third",
+    "max_out_of_range": "the group's share of policy tokens with ratio outside [c_min, c_max]",
+    "max_staleness": "the group's mean staleness (trainer versions behind) of trained samples",
+    "max_probe_kl": "the group's mean version-probe KL",
+}
+#: keys a limits file may carry beside the limits: provenance, printed or kept, never checked
+INFO_KEYS = ("source", "warning", "runs", "generated_by", "notes")
+DEFAULT_LIMITS = "plan_limits.yaml"  # package data of trainer_jax: the write-up's figures
+
+
+class PlanError(ValueError):
+    """Bad planner input (run dir, limits, prices, budget): one line, exit 2."""
+
+
+@dataclasses.dataclass
+class Limits:
+    """Stability limits (None: no limit) and where they came from."""
+
+    values: dict[str, float | None]
+    source: str
+    path: str
+    warning: str = ""
+
+    def describe(self) -> str:
+        set_ = ", ".join(f"{k}={v:g}" for k, v in self.values.items() if v is not None) or "none"
+        return f"limits from {self.path}: {self.source} ({set_})"
+
+
+def load_limits(path: str | Path | None = None) -> Limits:
+    """A limits file (YAML: ``source:`` and ``max_*`` keys); None: the package's default, the
+    write-up's figures."""
+    if path is None:
+        text = resources.files("trainer_jax").joinpath(DEFAULT_LIMITS).read_text()
+        where = f"trainer_jax/{DEFAULT_LIMITS} (default)"
+    else:
+        try:
+            text = Path(path).read_text()
+        except (OSError, UnicodeDecodeError) as e:
+            raise PlanError(f"--limits {path}: cannot be read ({e})") from None
+        where = str(path)
+    try:
+        tree = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise PlanError(f"--limits {where}: not valid YAML ({' '.join(str(e).split())})") from None
+    if not isinstance(tree, dict):
+        raise PlanError(f"--limits {where}: must be a mapping of max_* keys with a source: label")
+    unknown = sorted(set(tree) - set(LIMIT_KEYS) - set(INFO_KEYS))
+    if unknown:
+        raise PlanError(f"--limits {where}: unknown key {unknown[0]!r} (limits: {', '.join(LIMIT_KEYS)})")
+    if not isinstance(tree.get("source"), str) or not tree["source"].strip():
+        raise PlanError(f"--limits {where}: needs a source: label saying where its figures come from")
+    values: dict[str, float | None] = {}
+    for key in LIMIT_KEYS:
+        v = tree.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))
+                              or not 0 <= v < math.inf):
+            raise PlanError(f"--limits {where}: {key} must be a number >= 0 or null, got {v!r}")
+        values[key] = None if v is None else float(v)
+    return Limits(values, " ".join(tree["source"].split()), where,
+                  " ".join(str(tree.get("warning") or "").split()))
+
+
+def check_limits(measured: dict[str, float | None], limits: Limits) -> list[str]:
+    """The limits a group's measurements break, as ``"k3 0.21 > max_k3 0.16"``; an unmeasured
+    value (None / NaN) breaks nothing (the table shows it as unmeasured)."""
+    broken = []
+    for key, bound in limits.values.items():
+        value = measured.get(key.removeprefix("max_"))
+        if bound is None or value is None or math.isnan(value):
+            continue
+        if value > bound:
+            broken.append(f"{key.removeprefix('max_')} {value:.3g} > {key} {bound:.3g}")
+    return broken
+
+
+@dataclasses.dataclass(frozen=True)
+class Item:
+    """One plannable group: useful samples per replica-hour and USD per replica-hour."""
+
+    name: str
+    value: float
+    cost: float
+    max_count: int | None = None  # None: as many as the budget buys
+
+
+def solve(items: list[Item], budget: float) -> tuple[dict[str, int], float, float]:
+    """Exact: the replica counts maximising total value within ``budget`` (ties: the cheaper
+    plan); returns ``(counts, value, cost)``. See the module docstring for why it is optimal."""
+    if not math.isfinite(budget) or budget < 0:
+        raise PlanError(f"--budget must be a finite USD per hour >= 0, got {budget}")
+    for it in items:
+        if not it.cost > 0 or not math.isfinite(it.cost):
+            raise PlanError(f"group {it.name!r}: price {it.cost} per replica-hour; the planner needs "
+                            "a positive price (a free group makes the plan unbounded)")
+        if not it.value >= 0 or not math.isfinite(it.value):
+            raise PlanError(f"group {it.name!r}: useful samples per hour {it.value} is not a number >= 0")
+    order = sorted((it for it in items if it.value > 0),
+                   key=lambda it: (-it.value / it.cost, it.cost, it.name))
+    eps = 1e-9 * max(1.0, budget)
+    best: dict = {"value": 0.0, "cost": 0.0, "counts": [0] * len(order)}
+    counts = [0] * len(order)
+
+    def bound(i: int, left: float) -> float:
+        total = 0.0
+        for it in order[i:]:
+            n = left / it.cost if it.max_count is None else min(left / it.cost, it.max_count)
+            total += n * it.value
+            left -= n * it.cost
+            if left <= eps:
+                break
+        return total
+
+    def better(value: float, cost: float) -> bool:
+        tol = 1e-9 * max(1.0, best["value"])
+        return value > best["value"] + tol or (abs(value - best["value"]) <= tol
+                                               and cost < best["cost"] - eps)
+
+    def visit(i: int, left: float, value: float) -> None:
+        if i == len(order):
+            if better(value, budget - left):
+                best.update(value=value, cost=budget - left, counts=list(counts))
+            return
+        if value + bound(i, left) < best["value"] - 1e-9 * max(1.0, best["value"]):
+            return  # nothing below this node can reach the best plan
+        it = order[i]
+        top = int(math.floor((left + eps) / it.cost))
+        if it.max_count is not None:
+            top = min(top, it.max_count)
+        for n in range(top, -1, -1):
+            counts[i] = n
+            visit(i + 1, left - n * it.cost, value + n * it.value)
+        counts[i] = 0
+
+    visit(0, budget, 0.0)
+    chosen = dict(zip((it.name for it in order), best["counts"], strict=True))
+    return ({it.name: chosen.get(it.name, 0) for it in items}, best["value"], best["cost"])
