@@ -93,9 +93,10 @@ def plot_phase(results: list[RunResult], path: Path, labels: dict[str, str]) -> 
 
 
 def plot_group_oor(points: list[dict], path: Path) -> Path | None:
-    """Claim 4: per sampler group (``{pool, group, k3, oor_over_samples}`` points), its
-    out-of-range share over its sample share against its own k3. None when there are no points."""
-    points = [p for p in points if p["k3"] > 0 and not np.isnan(p["oor_over_samples"])]
+    """Claim 4: per sampler group (``{pool, group, k3, over}`` points), its over-representation
+    (out-of-range share / policy-token share, ``seed_claims.CLAIM4_UNIT``) against its own k3.
+    None when there are no points."""
+    points = [p for p in points if p["k3"] > 0 and not np.isnan(p["over"])]
     if not points:
         return None
     plt = _pyplot()
@@ -103,14 +104,14 @@ def plot_group_oor(points: list[dict], path: Path) -> Path | None:
     pools = sorted({p["pool"] for p in points})
     for i, pool in enumerate(pools):
         ps = [p for p in points if p["pool"] == pool]
-        ax.scatter([p["k3"] for p in ps], [p["oor_over_samples"] for p in ps], color=f"C{i}", label=pool)
+        ax.scatter([p["k3"] for p in ps], [p["over"] for p in ps], color=f"C{i}", label=pool)
         for p in ps:
-            ax.annotate(p["group"], (p["k3"], p["oor_over_samples"]), fontsize=7, xytext=(3, 3),
+            ax.annotate(p["group"], (p["k3"], p["over"]), fontsize=7, xytext=(3, 3),
                         textcoords="offset points")
     ax.axhline(1.0, color="grey", lw=0.8)
     ax.set_xscale("log")
     ax.set_xlabel("group's mean k3 (token-weighted)")
-    ax.set_ylabel("out-of-range share / sample share")
+    ax.set_ylabel("out-of-range share / policy-token share")
     ax.set_title("claim 4: do out-of-range tokens concentrate in high-KL groups?", fontsize=9)
     ax.legend(fontsize=7)
     return _save(plt, fig, path)

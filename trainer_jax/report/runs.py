@@ -230,7 +230,8 @@ def group_attribution(records: list[dict]) -> dict[str, dict[str, float]]:
 
 
 def pooled_attribution(runs: list[RunResult]) -> dict[str, dict[str, float]]:
-    """Attribution pooled over runs: token/sample/out-of-range totals summed, then shares."""
+    """Attribution pooled over runs: token/sample/out-of-range totals summed, then shares (sample
+    share: the runs' shares summed, each run weighing the same; policy-token share: tokens summed)."""
     acc: dict[str, dict[str, float]] = {}
     for run in runs:
         if not run.ok:
@@ -243,9 +244,14 @@ def pooled_attribution(runs: list[RunResult]) -> dict[str, dict[str, float]]:
             a["k3"] += (v["k3"] * v["tokens"]) if not math.isnan(v["k3"]) else 0.0
     ts = sum(a["samples"] for a in acc.values())
     to = sum(a["oor"] for a in acc.values())
+    tt = sum(a["tokens"] for a in acc.values())
     return {
         g: {
             "sample_share": a["samples"] / ts if ts else math.nan,
+            # policy tokens scored (the loss's valid tokens, ``group/{g}/tokens``): the unit the
+            # out-of-range rate is counted in, so claim 4's over-representation uses it too
+            "token_share": a["tokens"] / tt if tt else math.nan,
+            "tokens": a["tokens"],
             "oor_share": a["oor"] / to if to else math.nan,
             "oor_rate": a["oor"] / a["tokens"] if a["tokens"] else math.nan,
             "k3": a["k3"] / a["tokens"] if a["tokens"] else math.nan,

@@ -27,7 +27,18 @@ from trainer_jax.report.tables import fmt
 
 REPRODUCED, NOT_REPRODUCED, NOT_OBSERVABLE = "reproduced", "not reproduced", "not observable here"
 CORRECTED = ("sc_mis", "sc_mis_topp")
-CONCENTRATION = 1.5  # a group "concentrates" out-of-range tokens at >= 1.5x its sample share
+CONCENTRATION = 1.5  # a group "concentrates" out-of-range tokens at >= 1.5x its policy-token share
+#: Claim 4's unit, said once: out-of-range tokens are counted per policy token, so a group's share of
+#: them is set against its share of the policy tokens (not of the samples: replies differ in length,
+#: and a group of long replies would read over-represented by length alone). Over-representation =
+#: out-of-range share / policy-token share = the group's out-of-range rate / the pool's; the verdict
+#: and the rank correlation both use it.
+CLAIM4_UNIT = (
+    "over-representation = a group's share of the out-of-range tokens / its share of the policy tokens "
+    "(both counted in the trainer's scored policy tokens, `group/<g>/tokens` per step; equal to the group's "
+    "out-of-range rate over the pool's). Policy tokens, not samples, because out-of-range is a per-token event "
+    "and samples differ in length: a per-sample ratio mixes reply length into the verdict"
+)
 SIZE_TOL = 2.0  # starting k3 within this factor counts as "as large" (claim 2)
 KL_SPREAD = 1.5  # a pool has a "largest-KL group" only when its groups' k3 differ by >= 1.5x
 
@@ -167,17 +178,25 @@ def claim_bounded(grid: Grid) -> Claim:
 
 
 def group_kl_points(results: list[RunResult]) -> list[dict]:
-    """Per pool and sampler group, pooled over its finished runs: sample share, share of the
-    out-of-range tokens (their ratio) and the group's own token-weighted k3 and out-of-range rate."""
+    """Per pool and sampler group, pooled over its finished runs: sample and policy-token shares,
+    share of the out-of-range tokens, ``over`` (out-of-range share / policy-token share: claim 4's
+    one unit, ``CLAIM4_UNIT``) and the group's own token-weighted k3 and out-of-range rate."""
     points = []
     for pool in sorted({r.pool for r in results if r.ok}):
         table = pooled_attribution([r for r in results if r.pool == pool])
         if len(table) < 2:
             continue
         for g, v in table.items():
-            ratio = v["oor_share"] / v["sample_share"] if v["sample_share"] else math.nan
-            points.append({"pool": pool, "group": g, **v, "oor_over_samples": ratio})
+            points.append({"pool": pool, "group": g, **v, "over": over_representation(v["oor_share"], v["token_share"])})
     return points
+
+
+def over_representation(oor_share: float, token_share: float) -> float:
+    """A group's out-of-range share over its policy-token share (NaN when either is missing or the
+    group scored no tokens)."""
+    if math.isnan(oor_share) or math.isnan(token_share) or token_share <= 0:
+        return math.nan
+    return oor_share / token_share
 
 
 def _spearman(x: list[float], y: list[float]) -> float:
@@ -217,17 +236,17 @@ def claim_concentration(grid: Grid) -> Claim:
     parts, ok = [], []
     for pool, ps in sorted(spread.items()):
         top = max(ps, key=lambda p: p["k3"])
-        most = max(ps, key=lambda p: p["oor_over_samples"])
-        rho = _spearman([p["k3"] for p in ps], [p["oor_rate"] for p in ps])
-        ok.append(top is most and top["oor_over_samples"] >= CONCENTRATION)
+        most = max(ps, key=lambda p: -math.inf if math.isnan(p["over"]) else p["over"])
+        rho = _spearman([p["k3"] for p in ps], [p["over"] for p in ps])
+        ok.append(top is most and top["over"] >= CONCENTRATION)
         parts.append(
             f"{pool}: largest-KL group `{top['group']}` (k3 {top['k3']:.2e}) gave {100 * top['oor_share']:.0f} % of the "
-            f"out-of-range tokens from {100 * top['sample_share']:.0f} % of the samples ({top['oor_over_samples']:.2f}x); "
-            f"most over-represented: `{most['group']}` ({most['oor_over_samples']:.2f}x); rank correlation of group k3 "
-            f"and out-of-range rate over {len(ps)} groups {fmt(rho, '+.2f')}"
+            f"out-of-range tokens from {100 * top['token_share']:.0f} % of the policy tokens ({fmt(top['over'], '.2f')}x; "
+            f"{100 * top['sample_share']:.0f} % of the samples); most over-represented: `{most['group']}` ({fmt(most['over'], '.2f')}x); "
+            f"rank correlation of group k3 and over-representation over {len(ps)} groups {fmt(rho, '+.2f')}"
         )
     verdict = REPRODUCED if all(ok) else NOT_REPRODUCED
-    return Claim(4, title, verdict, "; ".join(parts) + f" (concentration: the largest-KL group is the most over-represented, at >= {CONCENTRATION:g}x its sample share)."
+    return Claim(4, title, verdict, "; ".join(parts) + f" (concentration: the largest-KL group is the most over-represented, at >= {CONCENTRATION:g}x its policy-token share; unit: {CLAIM4_UNIT})."
                  + (f" Not judged (all groups of one recipe): {', '.join(same)}." if same else ""))
 
 
@@ -289,20 +308,21 @@ def group_kl_section(grid: Grid) -> list[str]:
     lines = [
         "## Out-of-range tokens against each group's KL (claim 4)",
         "",
-        "All finished runs of a pool pooled. Out-of-range: importance ratio outside [c_min, c_max].",
+        "All finished runs of a pool pooled. Out-of-range: importance ratio outside [c_min, c_max]. "
+        f"One unit: {CLAIM4_UNIT}. The sample share is shown for reference only (the seed quotes its FP8 group per sample).",
         "",
-        "| pool | group | sample share | out-of-range share | ratio | out-of-range rate | mean k3 |",
-        "|---|---|---|---|---|---|---|",
+        "| pool | group | sample share | policy-token share | out-of-range share | over-representation (oor / token share) | out-of-range rate | mean k3 |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for p in points:
         lines.append(
-            f"| {p['pool']} | {p['group']} | {fmt(p['sample_share'])} | {fmt(p['oor_share'])} | {fmt(p['oor_over_samples'], '.2f')} | "
-            f"{fmt(p['oor_rate'], '.4f')} | {fmt(p['k3'], '.2e')} |"
+            f"| {p['pool']} | {p['group']} | {fmt(p['sample_share'])} | {fmt(p['token_share'])} | {fmt(p['oor_share'])} | "
+            f"{fmt(p['over'], '.2f')}x | {fmt(p['oor_rate'], '.4f')} | {fmt(p['k3'], '.2e')} |"
         )
     return lines + [""]
 
 
 __all__ = [
-    "CONCENTRATION", "Claim", "NOT_OBSERVABLE", "NOT_REPRODUCED", "REPRODUCED", "claims_section",
-    "group_kl_points", "group_kl_section", "growth_section", "verdicts",
+    "CLAIM4_UNIT", "CONCENTRATION", "Claim", "NOT_OBSERVABLE", "NOT_REPRODUCED", "REPRODUCED", "claims_section",
+    "group_kl_points", "group_kl_section", "growth_section", "over_representation", "verdicts",
 ]
