@@ -10,6 +10,7 @@ phase of a run is decided here once (``run_phase``) and used by both the figure 
 from __future__ import annotations
 
 import math
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -101,7 +102,9 @@ def plot_growth_fit(results: list[RunResult], path: Path, labels: dict[str, str]
                 ax.plot(x, fit, color=color, ls="--", lw=1.6,
                         label=f"{labels.get(cond, cond)}: {slope:+.4f} ± {se:.4f}/step, "
                               f"{mean_fold(fits):.2f}x ({len(rs)} seed{'s' if len(rs) > 1 else ''})")
-        ax.set_yscale("log")
+        with warnings.catch_warnings():  # a flat k3 (synthetic runs) gives equal y limits: harmless
+            warnings.simplefilter("ignore", UserWarning)
+            ax.set_yscale("log")
         ax.set_title(f"{pool}: k3 per step, fitted slope of ln k3", fontsize=9)
         ax.set_xlabel("RL step")
         ax.legend(fontsize=6.5, loc="best")

@@ -1,0 +1,119 @@
+# ruff: noqa: E501 -- synthetic records and expected report lines read better unbroken.
+"""Issue 39's report pieces on small synthetic run directories: claim 4 in one unit (policy
+tokens), the phase classification, the figures docs/results.md links, a sweep with a cell still
+running, and the archive of a sweep's small outputs the document is regenerated from."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from trainer_jax.report import collect
+from trainer_jax.report.figures import BOUNDED, COLLAPSED, GROWTH, cell_phase, run_phase
+from trainer_jax.report.grid import Grid
+from trainer_jax.report.growth import k3_trend
+from trainer_jax.report.runs import RunResult
+from trainer_jax.report.seed_claims import REPRODUCED, group_kl_points, verdicts
+from trainer_jax.report.summary import load_sweep_runs, write_summary
+
+ROOT = Path(__file__).resolve().parents[2]
+N = 12
+LABELS = {"grpo": "GRPO", "sc_mis": "SC + MIS"}
+
+
+def _run(root: Path, pool: str, cond: str, seed: int = 0, *, rate: float = 0.0, groups: dict | None = None,
+         eval_end: float = 0.5, finished: bool = True, config: str = "configs/local_mixed.yaml") -> Path:
+    """A run whose k3 changes by exp(rate) a step; ``groups``: name -> (sample share, policy tokens
+    a step, out-of-range rate, k3)."""
+    groups = groups or {"a": (0.5, 100.0, 0.001, 1e-3), "b": (0.5, 100.0, 0.001, 1e-3)}
+    run = root / pool / cond / f"seed{seed}"
+    run.mkdir(parents=True)
+    lines = []
+    for s in range(1, N + 1):
+        rec = {"step": s, "loss": 0.1, "reward_mean": 0.3, "k3": 1e-3 * math.exp(rate * s), "samples_trained": 64}
+        for g, (share, tokens, oor, k3) in groups.items():
+            rec |= {f"group/{g}/sample_share": share, f"group/{g}/tokens": tokens,
+                    f"group/{g}/out_of_range": oor, f"group/{g}/k3": k3}
+        lines.append(json.dumps(rec))
+    (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    if finished:
+        (run / "summary.json").write_text(json.dumps({"eval_start": {"eval/pass@1": 0.5}, "eval_end": {"eval/pass@1": eval_end}}))
+        cmd = [str(ROOT / ".venv/bin/mixrl-train"), "--config", str(ROOT / config), "--run-dir", str(run)]
+        (run / "cell.json").write_text(json.dumps({"ok": True, "wall_s": 20.0, "returncode": 0, "command": cmd}))
+    return run
+
+
+def test_claim_4_counts_in_policy_tokens(tmp_path):
+    # The issue's case by hand: same sample shares, but `short` writes 100 policy tokens a step and
+    # `long` 300. Out-of-range tokens a step: long 300 x 0.02 = 6, short 100 x 0.05 = 5 (of 11).
+    # Per sample long looks over-represented (6/11 / 0.5 = 1.09x vs 0.91x); per policy token
+    # short is (5/11 / 0.25 = 1.82x = its rate 0.05 over the pool's 11/400) and it has the larger k3.
+    groups = {"long": (0.5, 300.0, 0.02, 0.01), "short": (0.5, 100.0, 0.05, 0.2)}
+    _run(tmp_path, "mixed", "grpo", groups=groups)
+    pts = {p["group"]: p for p in group_kl_points(collect(tmp_path))}
+    assert math.isclose(pts["short"]["token_share"], 0.25) and math.isclose(pts["short"]["sample_share"], 0.5)
+    assert math.isclose(pts["short"]["oor_share"], 5 / 11)
+    assert math.isclose(pts["short"]["over"], (5 / 11) / 0.25) and math.isclose(pts["short"]["over"], 0.05 / (11 / 400))
+    assert math.isclose(pts["long"]["over"], (6 / 11) / 0.75)
+    c4 = verdicts(Grid.of(collect(tmp_path), LABELS, {}))[3]
+    assert c4.verdict == REPRODUCED, c4.text
+    assert "`short` (k3 2.00e-01) gave 45 % of the out-of-range tokens from 25 % of the policy tokens (1.82x; 50 % of the samples)" in c4.text
+    assert "most over-represented: `short` (1.82x)" in c4.text and "policy tokens" in c4.text
+    # The largest-KL group under its token share: not reproduced, whatever its per-sample ratio.
+    flip = tmp_path / "flip"
+    _run(flip, "mixed", "grpo", groups={"long": (0.5, 300.0, 0.02, 0.2), "short": (0.5, 100.0, 0.05, 0.01)})
+    c4 = verdicts(Grid.of(collect(flip), LABELS, {}))[3]
+    assert c4.verdict != REPRODUCED and "largest-KL group `long`" in c4.text and "(0.73x;" in c4.text
+
+
+def _result(collapse: int | None = None, rate: float = 0.0, eval_end: float = 0.5, seed: int = 0) -> RunResult:
+    recs = [{"step": s, "k3": 1e-3 * math.exp(rate * s)} for s in range(1, N + 1)]
+    r = RunResult("mixed", "grpo", seed, Path("."), ok=True, steps=N, eval_start=0.5, eval_final=eval_end,
+                  collapse_step=collapse, trend=k3_trend(recs))
+    return r
+
+
+def test_phase_of_runs_and_cells():
+    grow, flat, shrink = math.log(3) / (N - 1), 0.0, -math.log(3) / (N - 1)
+    assert run_phase(_result(rate=grow)) == GROWTH
+    assert run_phase(_result(rate=flat)) == BOUNDED and run_phase(_result(rate=shrink)) == BOUNDED
+    # A collapse decides whatever k3 did: by reward step, or held-out pass@1 halving (no sample count).
+    assert run_phase(_result(collapse=7, rate=flat)) == COLLAPSED
+    assert run_phase(_result(rate=grow, eval_end=0.1)) == COLLAPSED
+    assert run_phase(RunResult("m", "g", 0, Path("."), ok=True)) == "–"
+    # A cell: at least half its seeds decide, collapse before growth.
+    assert cell_phase([_result(collapse=5), _result(rate=grow, seed=1)]) == COLLAPSED
+    assert cell_phase([_result(rate=flat), _result(rate=grow, seed=1)]) == GROWTH
+    assert cell_phase([_result(rate=flat), _result(rate=flat, seed=1), _result(rate=grow, seed=2)]) == BOUNDED
+    assert cell_phase([]) == "–"
+
+
+def test_summary_draws_its_figures_and_lists_a_running_cell(tmp_path):
+    sweep = tmp_path / "runs"
+    mixed = {"bf16": (0.5, 100.0, 0.0005, 1e-3), "nvfp4": (0.5, 60.0, 0.03, 0.15)}
+    for seed in (0, 1):
+        _run(sweep, "mixed", "grpo", seed, rate=0.12 if seed else 0.0, groups=mixed, eval_end=0.1 if seed else 0.5)
+        _run(sweep, "mixed", "sc_mis", seed, groups=mixed)
+        _run(sweep, "homogeneous", "grpo", seed, config="configs/local_homogeneous.yaml")
+    _run(sweep, "homogeneous", "sc_mis", 0, finished=False)  # still running: metrics, no cell.json
+    # The archive the document is rebuilt from: relative paths, running cell kept without cell.json.
+    from trainer_jax.report.archive import archive
+
+    copied = archive(sweep, tmp_path / "kept", command="run.sh")
+    assert "homogeneous/sc_mis/seed0 (running)" in copied and len(copied) == 7
+    cell = json.loads((tmp_path / "kept" / "mixed" / "grpo" / "seed0" / "cell.json").read_text())
+    assert cell["command"][1:3] == ["--config", "configs/local_mixed.yaml"]
+    kept = load_sweep_runs("long grid", ROOT / "configs" / "ablation_long.yaml", tmp_path / "kept", None)
+    doc = write_summary([kept], tmp_path / "docs" / "results.md")
+    text = doc.read_text()
+    figs = ("phase_map", "growth", "pass_at_1", "oor_vs_tokens", "group_oor_vs_kl", "kl", "reward")
+    for f in figs:
+        assert (tmp_path / "docs" / "results" / f"{f}.png").stat().st_size > 5000, f
+        assert f"(results/{f}.png)" in text, f
+    assert text.count("![") >= 6
+    assert "started, not finished** (not in the numbers below): homogeneous/sc_mis/seed0 (12 steps so far)" in text
+    assert "cells finished: 6 of 8 planned" in text and "homogeneous/sc_mis/seed1 (not run)" in text
+    # The phase table: GRPO / mixed has one collapsed seed of two, so the cell reads collapsed.
+    assert "| mixed | – | " in text and "| GRPO | collapsed | " in text and "seed0: bounded, seed1: collapsed" in text
+    assert "out-of-range share / policy-token share" in text
