@@ -236,3 +236,40 @@ def status_text(values: Mapping[str, float]) -> str:
     if values.get("cost/usd_per_useful_sample") is not None:
         text += f" (${values['cost/usd_per_useful_sample']:.2g}/useful)"
     return text
+
+
+class TrainerCost:
+    """The training loop's side: one ledger, stepped with the step's samples, feeding the router.
+
+    ``step`` is called once per training step with the service, the step's packed samples and the
+    indices trained, and the step's metrics so far; it returns the cost metrics and passes each
+    group's useful share, k3 (probe KL where reported), out-of-range share and staleness to the
+    router (under the scheduler's lock: the router is not thread-safe).
+    """
+
+    def __init__(self, prices: Mapping[str, float | None], accelerators: Mapping[str, str | None],
+                 clock=None):
+        import time
+
+        self.ledger = CostLedger(prices, accelerators)
+        self.clock = clock or time.perf_counter
+        self._last = self.clock()
+
+    def step(self, service, group_names: list[str], samples, taken, values: Mapping[str, float]) -> dict:
+        now = self.clock()
+        wall_s, self._last = now - self._last, now
+        trained: dict[str, list[int]] = {g: [0, 0] for g in group_names}
+        for i in taken:
+            s = samples[i]
+            name = group_names[s.group] if 0 <= s.group < len(group_names) else None
+            if name is not None:
+                trained[name][0] += 1
+                trained[name][1] += int(s.loss_mask.sum())
+        counts = step_counts(service.status(), group_names, {g: tuple(v) for g, v in trained.items()},
+                             values)
+        out = self.ledger.step(wall_s, counts)
+        merged = {**values, **out}
+        with service.scheduler.lock:
+            for name in group_names:
+                service.router.observe(name, **router_feedback(merged, name))
+        return out

@@ -27,6 +27,10 @@ PLOTS = {
     "out_of_range": ["out_of_range", "group/*/out_of_range"],
     "loss": ["loss"],
     "throughput": ["tokens_per_s", "trainer_idle_share"],
+    # What the fleet costs and buys (trainer_jax.cost; only with prices).
+    "cost": ["cost/usd_total"],
+    "usd_per_useful_sample": ["cost/usd_per_useful_sample", "group/*/usd_per_useful_sample"],
+    "useful_share": ["group/*/useful_share"],
     "terminations": ["termination/*"],
     # Tool episodes in the model's format: shares of turns (the seed's collapse signatures).
     "tool_calls": ["tool/*", "group/*/tool_malformed", "group/*/tool_empty", "group/*/tool_toolless"],

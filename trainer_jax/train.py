@@ -36,6 +36,7 @@ from mixrl_wire.recipes import BACKENDS
 from trainer_jax.batching import Sample, pack
 from trainer_jax.checkpoint import Checkpointer
 from trainer_jax.config import ConfigError, RunConfig
+from trainer_jax.cost import TrainerCost, status_text
 from trainer_jax.diagnostics import CollapseAlarms, MetricsSink, alarm_settle_steps, plot_run
 from trainer_jax.episode_log import EpisodeLog, episode_metrics
 from trainer_jax.evaluation import FleetEvaluator
@@ -397,12 +398,15 @@ class Trainer:
                        eval_end=history.get("eval_end", {}), publish_errors=self.publisher.errors,
                        weights=self.publisher.bytes_summary(),
                        probe=probe_summary(self.service.status(), self.service.probes),
+                       cost=self.cost.ledger.summary(),
                        plots=[str(p) for p in plots])
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         return summary
 
     def _loop(self) -> None:
         cfg = self.cfg
+        # Replica-hours, USD and useful samples per group (trainer_jax.cost), from here on.
+        self.cost = TrainerCost(cfg.group_prices(), {g.name: g.accelerator for g in cfg.groups})
         with StepProgress(self.console, cfg.run.steps, self.meta["step"], cfg.train.log_every) as progress:
             while self.meta["step"] < cfg.run.steps:
                 t0 = time.perf_counter()
@@ -425,6 +429,7 @@ class Trainer:
                 values.update(episode_metrics(groups, self.meta["version"]))
                 self.episode_log.write(step, groups, self.meta["version"])
                 values["samplers/restarts"] = self.samplers.restarts
+                values.update(self.cost.step(self.service, self.group_names, samples, taken, values))
                 if self.sync:  # the next step's tasks wait for this version, announced
                     self.meta["version"] += 1
                     self.publisher.publish_now(self.meta["version"], self._snapshot())
@@ -453,7 +458,7 @@ class Trainer:
                 progress.advance(
                     f"reward {values['reward_mean']:.3f} k3 {values.get('k3', float('nan')):.2e} "
                     f"oor {values.get('out_of_range', float('nan')):.3f} |g| {result.grad_norm:.2f} "
-                    f"idle {values['trainer_idle_share']:.0%}" + probe_line(values)
+                    f"idle {values['trainer_idle_share']:.0%}" + status_text(values) + probe_line(values)
                     + (f" sampler restarts {self.samplers.restarts}" if self.samplers.restarts else ""))
 
     def _save_trajectories(self, samples: list[Sample], taken) -> None:

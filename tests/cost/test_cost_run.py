@@ -1,0 +1,64 @@
+"""A real short `mixrl-train` run (tests/loop_configs.py's TINY_LOOP, two spawned sampler groups)
+under router policy cost with prices: it writes the cost metrics, the plot and summary.json's
+"cost" section, and warns (never refuses) that samplers priced as H100 compute on the CPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from loop_configs import TINY_LOOP
+
+ROOT = Path(__file__).parent.parent.parent
+CONFIG = (TINY_LOOP
+          .replace('service: {listen: "127.0.0.1:0"}',
+                   'service: {listen: "127.0.0.1:0", router: {policy: cost, max_share: 0.9}}')
+          .replace("{name: bf16, recipe: bf16, capacity: 2}",
+                   "{name: bf16, recipe: bf16, capacity: 2, accelerator: H100}")
+          .replace("{name: int8, recipe: int8, capacity: 2}",
+                   "{name: int8, recipe: int8, capacity: 2, accelerator: cpu, price_per_hour: 1.5}"))
+
+
+@pytest.mark.timeout(900)
+def test_priced_run_writes_cost_metrics_and_summary(tmp_path):
+    assert "policy: cost" in CONFIG and "price_per_hour: 1.5" in CONFIG and "accelerator: H100" in CONFIG
+    cfg, prices, run_dir = tmp_path / "c.yaml", tmp_path / "prices.yaml", tmp_path / "run"
+    cfg.write_text(CONFIG)
+    prices.write_text("H100: 4.0\n")
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    out = subprocess.run([sys.executable, "-m", "trainer_jax.cli", "--config", str(cfg), "--run-dir",
+                          str(run_dir), "--prices", str(prices)],
+                         env=env, capture_output=True, text=True, timeout=840, cwd=ROOT)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    # bf16 is priced as an H100 but computes on this CPU: one warning per sampler, not a refusal.
+    assert "priced as accelerator 'H100' but reports cpu" in out.stderr
+    assert "priced as accelerator 'cpu'" not in out.stderr
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if "loss" in r]
+    assert [r["step"] for r in steps] == [1, 2, 3]
+    usd = [r["cost/usd_total"] for r in steps]
+    assert usd[0] > 0 and usd == sorted(usd)
+    assert sum(r["cost/usd_per_step"] for r in steps) == pytest.approx(usd[-1])
+    last = steps[-1]
+    cost = json.loads((run_dir / "summary.json").read_text())["cost"]
+    for g, price in (("bf16", 4.0), ("int8", 1.5)):
+        hours = last[f"group/{g}/replica_hours"]
+        assert 0 < hours < 1
+        assert last[f"group/{g}/usd_total"] == pytest.approx(price * hours)
+        # a step where the group had no samples trained has no useful share (4 samples a step)
+        shares = [r[f"group/{g}/useful_share"] for r in steps if f"group/{g}/useful_share" in r]
+        assert all(0 < u <= 1 for u in shares)
+        if cost["groups"][g]["useful_samples"] > 0:
+            assert last[f"group/{g}/usd_per_useful_sample"] > 0
+            assert last[f"group/{g}/usd_per_useful_token"] < last[f"group/{g}/usd_per_useful_sample"]
+    assert any(cost["groups"][g]["useful_samples"] > 0 for g in ("bf16", "int8"))
+    assert cost["steps"] == 3 and cost["usd_total"] == pytest.approx(usd[-1])
+    assert cost["groups"]["bf16"]["price_per_hour"] == 4.0 and cost["groups"]["bf16"]["accelerator"] == "H100"
+    trained = sum(cost["groups"][g]["samples_trained"] for g in ("bf16", "int8"))
+    assert trained == sum(r["samples_trained"] for r in steps)
+    assert cost["usd_per_useful_sample"] == pytest.approx(cost["usd_total"] / cost["useful_samples"])
+    assert (run_dir / "plots" / "cost.png").exists()
