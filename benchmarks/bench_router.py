@@ -125,14 +125,14 @@ def run_real(runs: Path, policy: str, seed: int, steps: int) -> Path:
     run_dir = runs / f"{policy}_seed{seed}"
     if (run_dir / "summary.json").exists():
         return run_dir
-    cmd = [str(REPO / ".venv/bin/mixrl-train"), "--config", str(CONFIG), "--run-dir", str(run_dir),
+    cmd = [sys.executable, "-m", "trainer_jax.cli", "--config", str(CONFIG), "--run-dir", str(run_dir),
            "--steps", str(steps), f"run.seed={seed}", f"service.router.policy={policy}"]
     t0 = time.time()
     log = runs / f"{policy}_seed{seed}.log"
     runs.mkdir(parents=True, exist_ok=True)
     with open(log, "w") as f:
         p = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=REPO,
-                           env={**os.environ, "JAX_PLATFORMS": "cpu"})
+                           env={**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO)})
     print(f"{policy} seed {seed}: exit {p.returncode} in {time.time() - t0:.0f} s ({log})", flush=True)
     return run_dir
 
