@@ -37,6 +37,8 @@ def _main_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="continue from the run dir's last checkpoint")
     p.add_argument("--prices", metavar="FILE", help="price table (YAML/JSON: accelerator: USD per "
                    "replica-hour) merged over the config's prices:")
+    p.add_argument("--plan", metavar="FILE", help="a plan.yaml of mixrl-train plan: its groups' replica "
+                   "counts, accelerators and prices over the config's (a group given 0 leaves the pool)")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. run.seed=3")
     return p
 
@@ -65,6 +67,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     args = _main_parser().parse_intermixed_args(argv)  # key=value before or after the flags
     overrides = list(args.overrides)
+    if args.plan:  # the plan's groups first: key=value overrides still apply over them
+        from trainer_jax.plan import PlanError, plan_overrides
+
+        try:
+            overrides = plan_overrides(args.config, args.plan) + overrides
+        except PlanError as e:
+            Console(stderr=True, soft_wrap=True).print(f"[red]error:[/red] {e}", highlight=False)
+            return 2
     if args.run_dir:
         overrides.append(f"run.dir={args.run_dir}")
     if args.steps is not None:

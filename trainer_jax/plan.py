@@ -103,8 +103,7 @@ def read_run(run_dir: str | Path, window: float = WINDOW) -> dict[str, GroupMeas
         useful_from = "group/<g>/useful_share"
         if math.isnan(useful):  # a run from before trainer_jax.cost: its formula, from the metrics
             oor, dropped = _mean(col("out_of_range")), _mean(col("dropped"))
-            useful = ((1.0 - (0.0 if math.isnan(dropped) else dropped))
-                      * (1.0 - (0.0 if math.isnan(oor) else oor)))
+            useful = (1.0 - dropped) * (1.0 - oor)  # NaN where the group had no trained token
             useful_from = "(1 - dropped) x (1 - out_of_range)"
         first_k3, last_k3 = _mean(col("k3", steps[:third])), _mean(col("k3", steps[-third:]))
         out[g] = GroupMeasure(
@@ -114,7 +113,7 @@ def read_run(run_dir: str | Path, window: float = WINDOW) -> dict[str, GroupMeas
             k3_growth=last_k3 / first_k3 if len(steps) >= 3 and first_k3 > 0 else math.nan,
             out_of_range=_mean(col("out_of_range")), staleness=_mean(col("staleness")),
             probe_kl=_mean(col("probe_kl")))
-        out[g].rate, out[g].rate_from = _ledger_rate(g, steps, last)
+        out[g].rate, out[g].rate_from = _ledger_rate(g, steps, last, useful)
     k3s = [m.k3 for m in out.values() if m.k3 > 0]
     for m in out.values():
         m.k3_ratio = m.k3 / min(k3s) if k3s and not math.isnan(m.k3) else math.nan
@@ -122,17 +121,23 @@ def read_run(run_dir: str | Path, window: float = WINDOW) -> dict[str, GroupMeas
     return out
 
 
-def _ledger_rate(g: str, steps: list[dict], last: list[dict]) -> tuple[float, str]:
-    """Useful samples per replica-hour from ``trainer_jax.cost``'s cumulative replica-hours over
-    the window: per *busy* replica-hour (at full use, as policy cost routes) where the run has
-    them, else per replica-hour (idle time included); NaN for a run from before the ledger."""
+def _ledger_rate(g: str, steps: list[dict], last: list[dict], useful: float) -> tuple[float, str]:
+    """Useful samples per replica-hour from ``trainer_jax.cost``'s cumulative counters over the
+    window: samples the group *produced* (accepted by the service, trained or not: what a replica
+    can deliver, whether or not this run's trainer kept up) x its useful share, per *busy*
+    replica-hour (at full use, as policy cost routes) where the run has them, else per
+    replica-hour (idle time included); NaN for a run from before the ledger."""
     before = steps[len(steps) - len(last) - 1] if len(steps) > len(last) else {}
-    useful = sum(r.get(f"group/{g}/sample_share", 0.0) * r.get("samples_trained", 0.0)
-                 * r.get(f"group/{g}/useful_share", math.nan) for r in last)
-    for key, label in (("busy_replica_hours", "busy replica-h"), ("replica_hours", "replica-h")):
+
+    def delta(key: str) -> float:
         end, start = last[-1].get(f"group/{g}/{key}"), before.get(f"group/{g}/{key}", 0.0)
-        if end is not None and start is not None and end - start > 0 and not math.isnan(useful):
-            return useful / (end - start), label
+        return math.nan if end is None or start is None else end - start
+
+    produced = delta("samples_produced_total")
+    for key, label in (("busy_replica_hours", "busy replica-h"), ("replica_hours", "replica-h")):
+        hours = delta(key)
+        if hours > 0 and produced > 0 and not math.isnan(useful):
+            return produced * useful / hours, label
     return math.nan, ""
 
 
@@ -216,8 +221,10 @@ def make_plan(groups: dict[str, GroupMeasure], budget: float, limits: Limits) ->
         broken = check_limits(m.limit_values(), limits)
         if broken:
             excluded[name] = "; ".join(broken)
+        elif math.isnan(m.useful_share) or math.isnan(m.k3):
+            excluded[name] = "no trained samples in the window: useful share and mismatch unmeasured"
         elif not (m.useful_per_hour > 0):
-            excluded[name] = "no useful samples measured (throughput, samples or useful share missing or 0)"
+            excluded[name] = "no useful samples per hour measured (no throughput, or useful share 0)"
         else:
             items.append(Item(name, m.useful_per_hour, float(m.price), m.max_count))
     counts, value, cost = solve(items, budget)
@@ -324,10 +331,11 @@ def print_plan(console, groups: dict[str, GroupMeasure], plan: Plan, budget: flo
     console.print(limits.describe(), highlight=False)
     if limits.warning:
         console.print(f"limits warning: {limits.warning}", highlight=False)
-    froms = sorted({m.useful_from for m in groups.values()})
-    rates = sorted({f"useful samples per {m.rate_from} (trainer_jax.cost)" if m.rate_from else
-                    "tokens/s per replica / tokens per sample x useful share (realised)"
-                    for m in groups.values()})
+    judged = [m for n, m in groups.items() if n not in plan.excluded] or list(groups.values())
+    froms = sorted({m.useful_from for m in judged})
+    rates = sorted({f"samples produced per {m.rate_from} x useful share (trainer_jax.cost)"
+                    if m.rate_from else "tokens/s per replica / tokens per sample x useful share (realised)"
+                    for m in judged})
     console.print(f"useful share from: {', '.join(froms)}; rate: {'; '.join(rates)}; measurements: "
                   f"the last {WINDOW:.0%} of the run's RL steps", highlight=False)
 
