@@ -115,7 +115,7 @@ class StepCounts:
     """What one step saw of one group (the ledger's input; plain numbers, hand-checkable)."""
 
     replicas: int = 0               # live samplers of the group
-    produced_total: int = 0         # samples the service accepted from it so far (cumulative)
+    produced_total: int = 0         # training samples the service accepted from it so far
     busy_replica_s_total: float = 0.0  # the router's busy replica-seconds so far (cumulative)
     samples_trained: int = 0        # this step
     tokens_trained: int = 0         # this step's policy tokens
@@ -211,7 +211,8 @@ def step_counts(status: Mapping, group_names: list[str], trained: Mapping[str, t
         g = groups.get(name, {})
         n, tokens = trained.get(name, (0, 0))
         share = useful_share(values.get(f"group/{name}/dropped"), values.get(f"group/{name}/out_of_range"))
-        out[name] = StepCounts(replicas=int(g.get("samplers", 0)), produced_total=int(g.get("accepted", 0)),
+        produced = int(g.get("accepted", 0)) - int(g.get("eval_accepted", 0))  # training samples
+        out[name] = StepCounts(replicas=int(g.get("samplers", 0)), produced_total=produced,
                                busy_replica_s_total=float(g.get("busy_replica_s", 0.0)),
                                samples_trained=n, tokens_trained=tokens,
                                useful_share=share if n else None)

@@ -107,10 +107,12 @@ def test_router_measures_samples_per_busy_replica_second_and_takes_feedback():
     now[0] = 0.5
     router.record("a", 3)  # one sample each inside the first 1 s window
     router.record("b", 3)
+    router.record("a", 3, evaluation=True)  # an evaluation sample: tokens/s, not the busy rate
     now[0] = 2.0
     router.shares()  # the window closes: over 2 s, a was 1 busy replica-s, b 4
     assert a.busy_replica_s == pytest.approx(1.0) and b.busy_replica_s == pytest.approx(4.0)
     assert a.samples_per_busy_s == pytest.approx(1.0) and b.samples_per_busy_s == pytest.approx(0.25)
+    assert (a.accepted, a.eval_accepted, a.tokens_per_s) == (2, 1, pytest.approx(3.0))
     router.observe("a", useful_share=0.5, k3=0.01, staleness=1.0)
     router.observe("a", useful_share=1.0)   # smoothed with ema_alpha 0.5
     router.observe("b", useful_share=0.8, staleness=3.0)

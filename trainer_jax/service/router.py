@@ -34,6 +34,7 @@ class GroupStats:
     tokens_per_s: float | None = None  # moving average; None until first measured
     outstanding: int = 0              # samples leased now
     accepted: int = 0                 # samples accepted so far
+    eval_accepted: int = 0            # of which evaluation samples (never trained)
     tokens: int = 0                   # policy tokens accepted so far
     busy_replica_s: float = 0.0       # integral of busy replicas (samplers x leased / capacity)
     samples_per_busy_s: float | None = None  # moving average: samples per busy replica-second
@@ -206,14 +207,17 @@ class Router:
             self._window_busy[name] = 0.0
         return self.groups[name]
 
-    def record(self, group: str, tokens: int) -> None:
-        """Count an accepted sample of ``tokens`` policy tokens from ``group``."""
+    def record(self, group: str, tokens: int, evaluation: bool = False) -> None:
+        """Count an accepted sample of ``tokens`` policy tokens from ``group``. An evaluation
+        sample counts towards tokens/s but not samples per busy replica-second: its lease is not
+        in ``outstanding``, so its time is not in the busy integral either."""
         self._integrate()
         g = self.group(group)
         g.accepted += 1
+        g.eval_accepted += evaluation
         g.tokens += tokens
         self._window_tokens[group] += tokens
-        self._window_samples[group] += 1
+        self._window_samples[group] += not evaluation
         self._tick()
 
     def observe(self, group: str, *, useful_share: float | None = None, k3: float | None = None,
@@ -288,6 +292,7 @@ class Router:
         return {name: {"samplers": g.samplers, "capacity": g.capacity,
                        "tokens_per_s": g.tokens_per_s or 0.0, "share": shares.get(name, 0.0),
                        "outstanding": g.outstanding, "accepted": g.accepted, "tokens": g.tokens,
+                       "eval_accepted": g.eval_accepted,
                        "busy_replica_s": g.busy_replica_s,
                        "samples_per_busy_s": g.samples_per_busy_s or 0.0,
                        "useful_share": g.useful_share, "over_bounds": over_bounds(g, self.cfg)}

@@ -399,7 +399,7 @@ class Scheduler:
             lease.remaining.discard(msg.sample_index)
             s.outstanding -= 1
             s.accepted += 1
-            self.router.record(s.group, record.num_policy_tokens)
+            self.router.record(s.group, record.num_policy_tokens, evaluation=lease.evaluation)
             self._remember(self._done, (lease.id, msg.sample_index), s.id)
             if lease.evaluation:
                 self.totals["accepted_eval"] += 1
