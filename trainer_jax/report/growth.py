@@ -11,7 +11,8 @@ steps: the slope (per step), its standard error, and the fold change the line im
 - ``bounded`` otherwise (flat, or a trend too small or too noisy to call).
 
 The same fit restricted to the steps before a collapse tells whether the mismatch grew *before*
-the reward fell (``pre_collapse_slope``).
+the reward fell (``pre_collapse_slope``). With per-group records the line has one intercept per
+sampler group and a shared slope (``k3_trend``): the slope is the mismatch's growth within groups.
 """
 
 from __future__ import annotations
@@ -49,8 +50,41 @@ class Trend:
 NO_TREND = Trend(math.nan, math.nan, math.nan, 0)
 
 
+def _group_points(records: list[dict], until: int | None) -> list[tuple[str, float, float]]:
+    """(group, step, k3) for every step a sampler group had scored tokens and a k3 > 0."""
+    pts = []
+    for r in records:
+        if until is not None and r["step"] >= until:
+            continue
+        for key, k3 in r.items():
+            if key.startswith("group/") and key.endswith("/k3") and k3 is not None and k3 > 0:
+                g = key[len("group/"):-len("/k3")]
+                if (r.get(f"group/{g}/tokens") or 0) > 0:
+                    pts.append((g, float(r["step"]), float(k3)))
+    return pts
+
+
 def k3_trend(records: list[dict], *, until: int | None = None) -> Trend:
-    """The fit of ln k3 against step over ``records`` (steps < ``until`` only, when given)."""
+    """The fit of ln k3 against step over ``records`` (steps < ``until`` only, when given).
+
+    When the records carry per-group k3 (``group/<g>/k3`` with ``group/<g>/tokens``), the fit is
+    one slope with an intercept per group, over every (group, step) point: in a synchronous run a
+    step's batch often comes from one or two groups, so the step's overall k3 jumps 100x with the
+    batch's make-up (bf16 ~5e-4, mxfp4 ~0.1) and a slope through it measures which groups served
+    late steps, not whether each group's mismatch grew. Without group records: the overall k3."""
+    gpts = _group_points(records, until)
+    if len(gpts) >= MIN_POINTS and len({g for g, _, _ in gpts}) > 1:
+        groups = sorted({g for g, _, _ in gpts})
+        x = np.asarray([p[1] for p in gpts])
+        y = np.log(np.asarray([p[2] for p in gpts]))
+        # Demean within each group (the fixed-effects fit): the slope is shared, intercepts are not.
+        xc, yc = x.copy(), y.copy()
+        for g in groups:
+            m = np.asarray([p[0] == g for p in gpts])
+            xc[m] -= x[m].mean()
+            yc[m] -= y[m].mean()
+        dof = len(gpts) - len(groups) - 1
+        return _fit(xc, yc, x, max(dof, 1), len(gpts))
     pts = [
         (r["step"], r["k3"])
         for r in records
@@ -60,14 +94,18 @@ def k3_trend(records: list[dict], *, until: int | None = None) -> Trend:
         return NO_TREND
     x = np.asarray([p[0] for p in pts], dtype=np.float64)
     y = np.log(np.asarray([p[1] for p in pts], dtype=np.float64))
-    xc = x - x.mean()
+    return _fit(x - x.mean(), y - y.mean(), x, max(len(pts) - 2, 1), len(pts))
+
+
+def _fit(xc: np.ndarray, yc: np.ndarray, x: np.ndarray, dof: int, n: int) -> Trend:
+    """Least squares of centred ``yc`` on centred ``xc``; the fold spans ``x``'s range."""
     sxx = float(np.sum(xc * xc))
     if sxx <= 0:
         return NO_TREND
-    slope = float(np.sum(xc * (y - y.mean())) / sxx)
-    resid = y - y.mean() - slope * xc
-    se = math.sqrt(float(np.sum(resid * resid)) / max(len(pts) - 2, 1) / sxx)
-    return Trend(slope, se, math.exp(slope * (x[-1] - x[0])), len(pts))
+    slope = float(np.sum(xc * yc) / sxx)
+    resid = yc - slope * xc
+    se = math.sqrt(float(np.sum(resid * resid)) / dof / sxx)
+    return Trend(slope, se, math.exp(slope * (x.max() - x.min())), n)
 
 
 def mean_fold(trends: list[Trend]) -> float:

@@ -260,7 +260,9 @@ def claims_section(grid: Grid) -> list[str]:
         "## The seed's four claims (issue 20)",
         "",
         "Each verdict is computed from the runs above (`trainer_jax/report/seed_claims.py`): growth = slope of "
-        f"ln k3 per step > 2 standard errors with a >= {GROWTH_FOLD:g}x fitted rise over the run; collapse: the reward "
+        f"ln k3 per step > 2 standard errors with a >= {GROWTH_FOLD:g}x fitted rise over the run (fitted within sampler "
+        "groups — one intercept per group, one slope — because a synchronous step's batch often comes from one or two "
+        "groups and the step's overall k3 jumps ~100x with its make-up); collapse: the reward "
         f"collapse of the main table, or held-out pass@1 ending below {EVAL_COLLAPSE:g}x its start and lower by more "
         f"than {EVAL_COLLAPSE_SE:g} standard errors of the difference over its held-out samples (the chain task's "
         "partial-credit rewards are too small for the reward floor).",
@@ -275,7 +277,8 @@ def growth_section(grid: Grid) -> list[str]:
     rows = [
         "## Growth of the mismatch: slope of ln k3",
         "",
-        "Least-squares slope of ln k3 against RL step per run (seed mean ± mean standard error), the fold change "
+        "Least-squares slope of ln k3 against RL step per run, over each sampler group's steps with one intercept per "
+        "group (seed mean ± mean standard error), the fold change "
         "that line implies over the run (geometric seed mean), each seed's label, and the collapse steps. Growth: slope > 2 s.e. and "
         f">= {GROWTH_FOLD:g}x over the run; shrinking: the mirror image; bounded: neither.",
         "",

@@ -59,6 +59,8 @@ class SweepRuns:
     planned: list[tuple[str, str, int]]
     #: a probe: listed, linked and its time counted, but its runs kept out of the claims (other settings)
     probe: bool = False
+    #: what a probe is, in its heading (default "probe"; e.g. "shorter runs of the same setting")
+    note: str = ""
     #: the command, when the run directory has no sweep.json (an invocation stopped before writing it)
     command: str = ""
 
@@ -82,6 +84,23 @@ class SweepRuns:
             elif not r.ok:
                 out.append(f"{key[0]}/{key[1]}/seed{key[2]} ({'interrupted' if math.isnan(r.wall_s) else 'failed'})")
         return out
+
+
+def setting_note(sweep_file: Path | None) -> str:
+    """The sweep file's own justification of its setting: its comment paragraph that starts with
+    ``# Why this setting`` (up to the next bare ``#``), joined into one line; "" when it has none."""
+    if sweep_file is None or not Path(sweep_file).exists():
+        return ""
+    out: list[str] = []
+    for line in Path(sweep_file).read_text().splitlines():
+        text = line.strip()
+        if not out and text.startswith("# Why this setting"):
+            out.append(text[1:].strip())
+        elif out:
+            if not text.startswith("#") or text == "#":
+                break
+            out.append(text[1:].strip())
+    return " ".join(out)
 
 
 def finish_command(command: str) -> str:
@@ -228,7 +247,7 @@ def render_summary(sweeps: list[SweepRuns], doc: Path, figures: dict[str, Path],
         steps = sorted({r.steps for r in ok})
         cmd = (s.manifest or {}).get("command") or s.command or f"mixrl-train sweep {s.sweep_file}"
         lines += [
-            f"### {s.name}" + (" (probe: not in the claims below)" if s.probe else "")
+            f"### {s.name}" + (f" ({s.note or 'probe'}: not in the claims below)" if s.probe else "")
             + (f" — [{_rel(s.report, doc)}]({_rel(s.report, doc)})" if s.report else ""),
             "",
             f"- command: `{cmd}` (runs in `{os.path.relpath(s.out)}`; rerunning it finishes the missing cells)",
@@ -236,6 +255,9 @@ def render_summary(sweeps: list[SweepRuns], doc: Path, figures: dict[str, Path],
             f"cell time {s.cell_s:.0f} s",
             f"- shared overrides: `{' '.join((s.manifest or {}).get('overrides', []))}`" if s.manifest else "- (no sweep.json: the last invocation was stopped before writing it)",
         ]
+        why = setting_note(s.sweep_file)
+        if why:
+            lines.append(f"- why this setting (the sweep file's comment): {why}")
         if s.probe or 0 < len(ok) <= 8:
             lines.append("- outcome per cell: " + "; ".join(
                 f"{r.pool}/{r.condition}/seed{r.seed}: {collapse_summary([r])}, k3 {r.trend.label} (slope {fmt(r.trend.slope, '+.3f')}/step, "
@@ -287,9 +309,10 @@ def readme_results(sweeps: list[SweepRuns], grid: Grid, doc: Path, readme: Path)
     claims = "; ".join(f"({c.number}) {c.title.split(' (seed')[0]}: **{c.verdict}**" for c in verdicts(grid))
     return (
         f"[`{_rel(doc, readme)}`]({_rel(doc, readme)}) (generated from the run directories by "
-        "`python -m trainer_jax.report.summary`): issue 20's experiments in sync mode (staleness 0) on the long "
-        f"`chain` task — {'; '.join(parts)}; {total / 60:.0f} min of cell time on 2 shared cores. "
-        f"The seed's claims: {claims}. The numbers behind each verdict, and what was cut, are in the document."
+        "`python -m trainer_jax.report.summary`): the seed's experiments in sync mode (staleness 0) on the long "
+        f"`chain` task — {'; '.join(parts)}; {total / 60:.0f} min of cell time on 2 shared cores in all. "
+        f"The seed's claims: {claims}. The numbers behind each verdict, the figures (phase diagram, k3 growth, "
+        "held-out pass@1, claim 4 per policy token), what was cut and the earlier grids are in the document."
     )
 
 
@@ -374,7 +397,9 @@ def _parse_sweep(arg: str) -> tuple[str, Path | None, Path, Path | None]:
     """``FILE=OUT[:REPORT]`` (FILE may be empty) -> (name, file, out, report)."""
     file, _, rest = arg.partition("=")
     out, _, report = rest.partition(":")
-    name = Path(file or out).stem.replace("ablation_", "") + " grid"
+    # Named after the run directory when it is an ablation_* one (two sweeps of one file differ there).
+    base = Path(out) if Path(out).name.startswith("ablation_") else Path(file or out)
+    name = base.stem.replace("ablation_", "") + " grid"
     return name, Path(file) if file else None, Path(out), Path(report) if report else None
 
 
@@ -383,6 +408,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sweep", action="append", required=True, help="SWEEP_FILE=OUT_DIR[:REPORT_MD]")
     ap.add_argument("--probe", action="append", default=[],
                     help="SWEEP_FILE=OUT_DIR[:REPORT_MD]@COMMAND: a probe grid (other settings), listed but not judged")
+    ap.add_argument("--listed", action="append", default=[],
+                    help="SWEEP_FILE=OUT_DIR[:REPORT_MD]@NOTE: runs listed with their outcomes but not judged "
+                         "(e.g. shorter runs of the judged setting); NOTE says what they are")
     ap.add_argument("--doc", default="docs/results.md")
     ap.add_argument("--readme", default=None)
     ap.add_argument("--demo", default="", help="comma-separated demo run directories (summary.json each)")
@@ -395,6 +423,12 @@ def main(argv: list[str] | None = None) -> int:
         probe = load_sweep_runs(out.name, file, out, report, probe=True)
         probe.command = command
         sweeps.append(probe)
+    for arg in a.listed:
+        spec, _, note = arg.partition("@")
+        name, file, out, report = _parse_sweep(spec)
+        listed = load_sweep_runs(name, file, out, report, probe=True)
+        listed.note = note or "listed"
+        sweeps.append(listed)
     links = [tuple(x.split("=", 1)) for x in a.link]
     demo = [Path(d) for d in a.demo.split(",") if d]
     doc = write_summary(sweeps, a.doc, readme=a.readme, demo=demo, extra_links=links)
