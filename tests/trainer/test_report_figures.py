@@ -117,3 +117,18 @@ def test_summary_draws_its_figures_and_lists_a_running_cell(tmp_path):
     # The phase table: GRPO / mixed has one collapsed seed of two, so the cell reads collapsed.
     assert "| mixed | – | " in text and "| GRPO | collapsed | " in text and "seed0: bounded, seed1: collapsed" in text
     assert "out-of-range share / policy-token share" in text
+
+
+def test_k3_slope_is_fitted_within_groups():
+    # A synchronous step's batch from one group at a time: bf16 (k3 ~5e-4) on even steps, mxfp4
+    # (~0.1) on odd ones, each growing 5 % a step. The overall k3 jumps 200x step to step; the
+    # within-group fit recovers the 0.05 exactly, the late steps' make-up cannot fake a trend.
+    recs = []
+    for s in range(1, 25):
+        g, base = ("bf16", 5e-4) if s % 2 == 0 or s > 20 else ("mxfp4", 0.1)
+        k3 = base * math.exp(0.05 * s)
+        recs.append({"step": s, "k3": k3, f"group/{g}/k3": k3, f"group/{g}/tokens": 50.0})
+    t = k3_trend(recs)
+    assert t.n == 24 and math.isclose(t.slope, 0.05, rel_tol=1e-9) and t.label == "growth"
+    overall = k3_trend([{"step": r["step"], "k3": r["k3"]} for r in recs])
+    assert overall.slope < 0  # bf16 alone serves the last steps: the plain fit reads shrinking
