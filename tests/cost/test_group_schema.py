@@ -1,11 +1,10 @@
 """Issue 35 item 1: the sampler group's cost keys, the price table and the accelerator check."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 
+from trainer_jax.cli import main
 from trainer_jax.config import ConfigError, load_config
 from trainer_jax.cost import accelerator_mismatch
 
@@ -82,11 +81,9 @@ def test_accelerator_matches_the_device_report_not_the_label():
     assert accelerator_mismatch("H100", "", {}) is not None
 
 
-def test_serve_refuses_policy_cost_at_load(tmp_path):
+def test_serve_refuses_policy_cost_at_load(tmp_path, capsys):
     path = tmp_path / "c.yaml"
     path.write_text("service: {router: {policy: cost}}\ngroups: [{name: a, price_per_hour: 1.0}]\n")
-    p = subprocess.run([sys.executable, "-m", "trainer_jax.cli", "serve", "--config", str(path)],
-                       capture_output=True, text=True, timeout=120)
-    assert p.returncode == 2
-    lines = p.stderr.strip().splitlines()
+    assert main(["serve", "--config", str(path)]) == 2  # before any service or socket exists
+    lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and "policy cost needs a learner" in lines[0]
