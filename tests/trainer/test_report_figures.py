@@ -104,6 +104,7 @@ def test_summary_draws_its_figures_and_lists_a_running_cell(tmp_path):
     assert "homogeneous/sc_mis/seed0 (running)" in copied and len(copied) == 7
     cell = json.loads((tmp_path / "kept" / "mixed" / "grpo" / "seed0" / "cell.json").read_text())
     assert cell["command"][1:3] == ["--config", "configs/local_mixed.yaml"]
+    assert not list((tmp_path / "kept").rglob("metrics.jsonl")) and len(list((tmp_path / "kept").rglob("metrics.jsonl.gz"))) == 7
     kept = load_sweep_runs("long grid", ROOT / "configs" / "ablation_long.yaml", tmp_path / "kept", None)
     doc = write_summary([kept], tmp_path / "docs" / "results.md")
     text = doc.read_text()

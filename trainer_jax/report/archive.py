@@ -6,20 +6,24 @@ are gone — as happened to issue 20's sweeps, whose documents could no longer b
         --command "runs/ablation_long/run.sh (five mixrl-train sweep invocations)"
 
 Per cell ``{pool}/{condition}/seed{N}`` it copies what ``report.runs.collect`` reads:
-``metrics.jsonl`` (whole), ``cell.json`` (absolute paths under the repository made relative, so the
-config it names resolves from the repository root) and ``summary.json`` cut to the held-out pass
-rates and step count; a cell still running is copied without ``cell.json`` (the report lists it as
-started, not finished). Also each seed's ``warm_start/seed{N}.json`` (its time counts in the cell
-time) and ``sweep.json``. The destination's cells are replaced, so rerunning refreshes the archive.
+``metrics.jsonl`` (whole, gzipped: ``runs.run_metrics`` reads it), ``cell.json`` (absolute paths
+under the repository made relative, so the config it names resolves from the repository root)
+and ``summary.json`` cut to the held-out pass rates and step count; a cell still running is
+copied without ``cell.json`` (the report lists it as started, not finished). Also each seed's
+``warm_start/seed{N}.json`` (its time counts in the cell time) and ``sweep.json``. The
+destination's cells are replaced, so rerunning refreshes the archive.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import shutil
 from pathlib import Path
+
+from trainer_jax.report.runs import ARCHIVED_METRICS
 
 ROOT = Path(__file__).resolve().parents[2]
 SUMMARY_KEYS = ("eval_start", "eval_end", "steps", "run_name")
@@ -50,7 +54,9 @@ def archive(src: str | os.PathLike, dst: str | os.PathLike, *, command: str | No
         if out.exists():
             shutil.rmtree(out)
         out.mkdir(parents=True)
-        shutil.copyfile(cell / "metrics.jsonl", out / "metrics.jsonl")
+        # mtime 0: an unchanged run archives to the same bytes (no spurious diff on a refresh)
+        data = gzip.compress((cell / "metrics.jsonl").read_bytes(), mtime=0)
+        (out / ARCHIVED_METRICS).write_bytes(data)
         if (cell / "summary.json").exists():
             summary = json.loads((cell / "summary.json").read_text())
             (out / "summary.json").write_text(
