@@ -129,23 +129,26 @@ class Learner:
     to never hold it whole). ``donate``: the step reuses the old state's buffers for the new
     state (halves peak state memory); arrays taken from the model before a step are then invalid.
     ``expert_parallel`` / ``vocab_parallel``: use the shard_map MoE / LM-head implementations
-    (off: the partitioner's own program, for comparisons).
+    (off: the partitioner's own program, for comparisons). ``context_attention``: ``ring`` or
+    ``all_gather`` under context parallelism (``mesh.context_attention``).
     """
 
     def __init__(self, model: nnx.Module, optimizer: OptimizerConfig, objective: ObjectiveConfig,
                  mesh: Mesh | None = None, rules: ShardingRules | None = None, *, donate: bool = True,
-                 expert_parallel: bool = True, vocab_parallel: bool = True, micro_rows: int | None = None):
+                 expert_parallel: bool = True, vocab_parallel: bool = True, micro_rows: int | None = None,
+                 context_attention: str = "ring"):
         mesh = mesh if mesh is not None else make_mesh(devices=jax.devices()[:1])
         self._configure(mesh, rules if rules is not None else ShardingRules.for_model(model.config),
-                        objective, micro_rows, expert_parallel, vocab_parallel)
+                        objective, micro_rows, expert_parallel, vocab_parallel, context_attention)
         self.model = shard_model(model, mesh, self.rules)
         self.optimizer = sharded_optimizer(self.model, make_optimizer(optimizer), mesh, self.rules)
         self._build(*nnx.split((self.model, self.optimizer)), donate=donate)
 
     def _configure(self, mesh: Mesh, rules: ShardingRules, objective: ObjectiveConfig,
-                   micro_rows: int | None, expert_parallel: bool, vocab_parallel: bool) -> None:
+                   micro_rows: int | None, expert_parallel: bool, vocab_parallel: bool,
+                   context_attention: str = "ring") -> None:
         self.mesh, self.rules, self.objective, self.micro_rows = mesh, rules, objective, micro_rows
-        self.context = ParallelContext(mesh, rules, expert_parallel, vocab_parallel)
+        self.context = ParallelContext(mesh, rules, expert_parallel, vocab_parallel, context_attention)
 
     def _build(self, graphdef: Any, state: Any, *, donate: bool) -> None:
         """The jitted step and loss for a (model, optimizer) of this structure."""
@@ -161,11 +164,12 @@ class Learner:
     def compile_abstract(cls, build_model: Any, optimizer: OptimizerConfig, objective: ObjectiveConfig,
                          mesh: Mesh, rules: ShardingRules, inputs: PackedInputs, batch: TokenBatch, *,
                          micro_rows: int | None = None, expert_parallel: bool = True,
-                         vocab_parallel: bool = True) -> jax.stages.Compiled:
+                         vocab_parallel: bool = True, context_attention: str = "ring") -> jax.stages.Compiled:
         """The step compiled for a policy that is never allocated: ``build_model()`` runs under
         ``nnx.eval_shape``, so XLA's memory analysis is available at sizes that do not fit here."""
         self = object.__new__(cls)
-        self._configure(mesh, rules, objective, micro_rows, expert_parallel, vocab_parallel)
+        self._configure(mesh, rules, objective, micro_rows, expert_parallel, vocab_parallel,
+                        context_attention)
         tx = make_optimizer(optimizer)
 
         def build():

@@ -129,7 +129,8 @@ class Trainer:
         objective = cfg.objective.model_copy(update={"num_groups": max(1, len(cfg.groups))})
         self.learner = Learner(self.model, cfg.optimizer, objective, self.mesh,
                                ShardingRules.for_model(self.qcfg, cfg.mesh.rules),
-                               micro_rows=cfg.train.micro_rows)
+                               micro_rows=cfg.train.micro_rows,
+                               context_attention=cfg.mesh.context_attention)
         self.console.print(f"learner on mesh {describe(self.mesh)} ({self.mesh.size} devices, "
                            f"{jax.devices()[0].platform}, process {self.lockstep.index} of "
                            f"{self.lockstep.count})")

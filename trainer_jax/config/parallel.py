@@ -24,6 +24,11 @@ class MeshConfig(_Strict):
     table of ``trainer_jax.parallel.rules``, e.g. ``{embed: [fsdp, data]}``. ``context`` splits
     every packed row's sequence (context parallelism, ``trainer_jax.parallel.sequence``); it is
     never ``-1`` and has no cross-slice multiplier (its K/V traffic runs every layer).
+    ``context_attention`` picks how attention sees the rest of a row under ``context > 1``:
+    ``ring`` (the default: K/V blocks passed round the axis, ``trainer_jax.parallel.ring``; a
+    device holds ``2 / context`` of a row's K/V and their gradient) or ``all_gather`` (each
+    layer's K/V gathered whole: one collective instead of ``context - 1`` hops, more memory;
+    ``docs/scale_out.md`` has the measured figures).
     """
 
     data: int = -1
@@ -31,6 +36,7 @@ class MeshConfig(_Strict):
     expert: int = 1
     context: int = Field(1, ge=1)
     tensor: int = 1
+    context_attention: Literal["ring", "all_gather"] = "ring"
     dcn_data: int = Field(1, gt=0)
     dcn_fsdp: int = Field(1, gt=0)
     rules: dict[str, list[str]] = Field(default_factory=dict)

@@ -97,7 +97,8 @@ def run_check(cfg: RunConfig, *, steps: int = 3, load: bool = False, vocab_size:
     model, qcfg = build_policy(cfg, vocab_size, mesh=mesh, load_weights=load)
     rules = ShardingRules.for_model(qcfg, cfg.mesh.rules)
     objective = cfg.objective.model_copy(update={"num_groups": max(1, len(cfg.groups))})
-    learner = Learner(model, cfg.optimizer, objective, mesh, rules, micro_rows=cfg.train.micro_rows)
+    learner = Learner(model, cfg.optimizer, objective, mesh, rules, micro_rows=cfg.train.micro_rows,
+                      context_attention=cfg.mesh.context_attention)
     init_s = time.perf_counter() - t0
     inputs, batch = synthetic_batch(qcfg.vocab_size, rows=cfg.train.rows, row_len=cfg.train.row_len,
                                     max_tokens=cfg.train.max_tokens, head_k=cfg.tasks.sampling.head_k,

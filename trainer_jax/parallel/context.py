@@ -27,6 +27,9 @@ class ParallelContext:
     rules: ShardingRules
     expert_parallel: bool = True
     vocab_parallel: bool = True
+    #: attention under context parallelism: ``ring`` (K/V blocks passed round the axis,
+    #: ``parallel/ring.py``) or ``all_gather`` (each layer's K/V gathered; ``parallel/sequence.py``)
+    context_attention: str = "ring"
 
     def constrain(self, x: jax.Array, logical_axes: Sequence[str | None]) -> jax.Array:
         return jax.lax.with_sharding_constraint(x, self.rules.sharding(logical_axes, x.shape, self.mesh))

@@ -8,14 +8,19 @@ the end sees nearly everything). The permutation is applied to the step's inputs
 position-wise (embedding, norms, projections, MLP, MoE, RoPE from the carried positions) then
 runs on each device's ``T / C`` positions with no communication. Two places need the whole row:
 
-- **Attention** (``context_attention``): per layer, each device all-gathers the row's K/V (and
-  segment ids) over ``context`` - ``[rows, T, K_local, hd]``, the K/V heads only, never the
-  ``[rows, T, D]`` hidden states - restores the original order, and runs the blocked XLA kernel
-  (``attention_blocked_chunk``) for its two query chunks against the whole row; the backward's
-  dK/dV go back with a reduce-scatter (the all-gather's transpose). All-gather rather than a ring
-  of ``ppermute``s: the same bytes move, one collective instead of ``C - 1``, and at GQA's
-  ``K * hd <= D`` the gathered K/V of one layer cost at most twice one row's hidden state (under
-  remat one layer's at a time).
+- **Attention** (``context_attention``), in one of two forms (``mesh.context_attention``):
+  ``ring`` (the default, ``parallel/ring.py``): K/V blocks travel round the axis with
+  ``ppermute`` (``C - 1`` hops, each overlappable with a step of compute), every device runs the
+  blocked XLA kernel for its two query chunks against the visiting block and combines the parts
+  by their log-sum-exp; the backward passes dK/dV round with their blocks. No device holds more
+  than its own and one visiting block of a row's K/V or their gradient. ``all_gather``: per
+  layer, each device all-gathers the row's K/V (and segment ids) over ``context`` -
+  ``[rows, T, K_local, hd]``, the K/V heads only, never the ``[rows, T, D]`` hidden states -
+  restores the original order, and runs the blocked XLA kernel (``attention_blocked_chunks``)
+  for its two query chunks against the whole row; the backward's dK/dV go back with a
+  reduce-scatter (the all-gather's transpose). One collective instead of ``C - 1``, the same
+  bytes moved, but the whole row's K/V and their gradient on every device (measured in
+  ``docs/scale_out.md``). Both gather the row's segment ids (``[rows, T]`` int32).
 - **The policy tokens' gather** (``token_gather``): the loss reads the hidden state before each of
   the step's ``N`` policy tokens, wherever its row and column live. A ring over every device
   that holds part of the rows (the batch axes and ``context``): each device gathers the tokens of
@@ -42,6 +47,7 @@ from trainer_jax.models.attention import CPU_BLOCK
 from trainer_jax.models.blocked_attention import attention_blocked_chunks
 from trainer_jax.parallel import hooks
 from trainer_jax.parallel.context import ParallelContext, linear_axis_index
+from trainer_jax.parallel.ring import ring_attention_local
 from trainer_jax.parallel.rules import spec_axes
 
 Array = jax.Array
@@ -102,6 +108,7 @@ def context_attention(ctx: ParallelContext, q: Array, k: Array, v: Array, segmen
 
     mesh = ctx.mesh
     c_size = context_size(mesh)
+    ring = ctx.context_attention == "ring"
     q_inner, kv_inner, pick = head_layout(ctx, q.shape, k.shape)
     q_spec = P(q_inner[0], AXIS, *q_inner[2:])
     kv_spec = P(kv_inner[0], AXIS, *kv_inner[2:])
@@ -124,11 +131,15 @@ def context_attention(ctx: ParallelContext, q: Array, k: Array, v: Array, segmen
             k_l = jax.lax.dynamic_slice_in_dim(k_l, head, 1, axis=2)
             v_l = jax.lax.dynamic_slice_in_dim(v_l, head, 1, axis=2)
         gather = lambda x: original(jax.lax.all_gather(x, AXIS, axis=1, tiled=True))
-        k_row, v_row, seg_row = gather(k_l), gather(v_l), gather(seg_l)
-        c = jax.lax.axis_index(AXIS)
-        starts = jnp.stack([c, 2 * c_size - 1 - c]) * chunk  # this device's two original chunks
+        seg_row = gather(seg_l)
         with hooks.use(None):
-            return attention_blocked_chunks(q_l, k_row, v_row, seg_l, seg_row, starts, block=block)
+            if ring:
+                return ring_attention_local(q_l, k_l, v_l, seg_l, seg_row, axis=AXIS, size=c_size,
+                                            block=block)
+            c = jax.lax.axis_index(AXIS)
+            starts = jnp.stack([c, 2 * c_size - 1 - c]) * chunk  # this device's two original chunks
+            return attention_blocked_chunks(q_l, gather(k_l), gather(v_l), seg_l, seg_row, starts,
+                                            block=block)
 
     return jax.shard_map(local, mesh=mesh, in_specs=(q_spec, kv_spec, kv_spec, seg_spec),
                          out_specs=q_spec, check_vma=False)(q, k, v, segment_ids)

@@ -3,10 +3,12 @@ the single-device step (fp32, 1e-5 relative), dense and MoE, on (context 4 x fsd
 (context 2 x tensor 2 x data 2); and the compiled step moves no row's hidden states over the
 context axis.
 
-K/V *are* gathered over ``context`` (``parallel/sequence.py`` chooses an all-gather of each
-layer's K/V heads, ``[rows, T, K_local, hd]``, over a ring of ppermutes); the test names that
-gather and finds no all-gather of hidden states ``[rows, T, D]`` (residual, MLP, attention
-output) or of the ``[N, D]`` policy tokens (the loss's gather runs as a ppermute ring).
+Attention in both forms (``mesh.context_attention``): ``ring`` (the default, ``parallel/ring.py``)
+passes K/V blocks and their gradients round the axis with collective-permutes, and the test
+finds no all-gather of K/V at all; ``all_gather`` gathers each layer's K/V heads,
+``[rows, T, K_local, hd]``, and the test names that gather. Neither has an all-gather of hidden
+states ``[rows, T, D]`` (residual, MLP, attention output) or of the ``[N, D]`` policy tokens (the
+loss's gather runs as a ppermute ring).
 """
 
 from __future__ import annotations
@@ -58,33 +60,50 @@ def references(batch):
     return get
 
 
-@pytest.mark.parametrize("model", ["dense", "moe"])
-@pytest.mark.parametrize("mesh_name", list(MESHES))
-def test_context_parallel_step_matches_single_device(mesh_name, model, batch, references):
+# Ring attention (the default) on every mesh and model; the all-gather form on one.
+FORMS = [(mesh, model, "ring") for mesh in MESHES for model in ("dense", "moe")] + [
+    ("context4_fsdp2", "moe", "all_gather")]
+
+
+@pytest.mark.parametrize("mesh_name, model, form", FORMS)
+def test_context_parallel_step_matches_single_device(mesh_name, model, form, batch, references):
     cfg = DENSE if model == "dense" else MOE
     ref_results, ref_state = references(model)
-    learner = Learner(init_model(cfg, seed=1), OPT, OBJ, make_mesh(**MESHES[mesh_name]))
+    learner = Learner(init_model(cfg, seed=1), OPT, OBJ, make_mesh(**MESHES[mesh_name]),
+                      context_attention=form)
     compiled = learner.compile_step(*batch)
     results, state = _run(learner, *batch)
     _compare(results, state, ref_results, ref_state)
     if model == "moe":
-        _check_no_hidden_gather(compiled.as_text(), cfg)
+        _check_no_hidden_gather(compiled.as_text(), cfg, form)
 
 
-def _check_no_hidden_gather(hlo: str, cfg) -> None:
+def _check_no_hidden_gather(hlo: str, cfg, form: str) -> None:
     """No all-gather (over context or any axis) yields hidden states of a whole row, ``[.., T, D]``
-    or the merged ``[rows * T, D]`` the linears use, nor all ``N`` policy tokens' ``[N, D]``; the
-    K/V gather (4-D ``[rows, T, K, hd]``, named here) is there, once per attention layer (K, V)."""
-    kv_gathers = 0
+    or the merged ``[rows * T, D]`` the linears use, nor all ``N`` policy tokens' ``[N, D]``.
+
+    ``all_gather``: the K/V gather (4-D ``[rows, T, K, hd]``, named here) is there, once per
+    attention layer (K, V). ``ring``: no all-gather of K/V at all (4-D ``[.., hd]``); K/V and
+    their gradients travel by collective-permutes (``[rows, K, 2T/C... , hd]`` blocks; at least
+    K, V forward and dK, dV backward per layer).
+    """
+    kv_gathers = kv_permutes = 0
     for line in hlo.splitlines():
-        m = re.search(r"= \w+\[([\d,]*)\][^ ]* all-gather\(", line)
+        m = re.search(r"= \(?(\w+)\[([\d,]*)\][^ ]* (all-gather|collective-permute)(?:-start)?\(", line)
         if not m:
             continue
-        dims = [int(x) for x in m.group(1).split(",") if x]
-        if len(dims) == 4 and dims[1] == ROW_LEN and dims[3] == cfg.head_dim:
+        dims = [int(x) for x in m.group(2).split(",") if x]
+        if m.group(3) == "collective-permute":
+            kv_permutes += len(dims) == 4 and dims[3] == cfg.head_dim
+            continue
+        if len(dims) == 4 and dims[3] == cfg.head_dim:
+            assert form == "all_gather" and dims[1] == ROW_LEN, f"a K/V all-gather: {line.strip()[:200]}"
             kv_gathers += 1
             continue
         if dims and dims[-1] == cfg.hidden_size:
             assert not any(d % ROW_LEN == 0 or d == TOKENS for d in dims[:-1]), (
                 f"an all-gather of hidden states: {line.strip()[:200]}")
-    assert kv_gathers >= 2 * cfg.num_hidden_layers, f"K/V gathers: {kv_gathers}"
+    if form == "all_gather":
+        assert kv_gathers >= 2 * cfg.num_hidden_layers, f"K/V gathers: {kv_gathers}"
+    else:
+        assert kv_permutes >= 4 * cfg.num_hidden_layers, f"K/V collective-permutes: {kv_permutes}"
