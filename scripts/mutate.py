@@ -54,7 +54,8 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
                    ["tests/service/test_validation.py", "tests/service/test_mutation_validation.py"]),
     "scheduler": (["trainer_jax/service/scheduler.py"], ["tests/service/test_service.py"]),
     "delta": (["convert/delta.py", "convert/delta_codec.py"],
-              ["tests/convert/test_delta.py", "tests/convert/test_delta_codec.py"]),
+              ["tests/convert/test_mutation_delta.py", "tests/convert/test_delta.py",
+               "tests/convert/test_delta_codec.py"]),
     "manifest": (["convert/manifest.py"],
                  ["tests/convert/test_mutation_manifest.py", "tests/convert/test_export_publish.py"]),
     "formats": (["convert/formats"], ["tests/convert/test_formats.py", "tests/convert/test_numerics.py"]),
@@ -77,7 +78,8 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
                     "setsid_sleep_is_gone_after_a_timeout_and_after_close",
                     "disk_fill_stops_at_the_writable_area_size",
                     "the_jail_dies_with_its_owner_and_the_next_sandbox_cleans_up")]),
-    "rewards": (["envs/rewards"], ["tests/envs/test_rewards.py", "tests/envs/test_code_reward.py"]),
+    "rewards": (["envs/rewards"], ["tests/envs/test_mutation_rewards.py", "tests/envs/test_rewards.py",
+                                   "tests/envs/test_code_reward.py", "tests/envs/test_reward_workers.py"]),
     "router": (["trainer_jax/service/router.py"], ["tests/service/test_service.py"]),
 }
 LATER = {"sandbox", "rewards", "router"}
