@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from trainer_jax.report.growth import mean_fold
-from trainer_jax.report.plots import _curve, _pyplot, _save
+from trainer_jax.report.growth import group_points, mean_fold
+from trainer_jax.report.plots import _pyplot, _save
 from trainer_jax.report.runs import RunResult, grid_order, nanmean
 
 COLLAPSED, GROWTH, BOUNDED = "collapsed", "growth", "bounded"
@@ -64,10 +64,26 @@ def dial_order(results: list[RunResult]) -> list[str]:
     return sorted(pools, key=key)
 
 
+def _series(run: RunResult) -> dict[str, list[tuple[float, float]]]:
+    """A run's k3 points per sampler group ((step, k3) where the group had scored tokens), or the
+    overall k3 under "all" when the records carry no per-group k3 (``growth.k3_trend``'s points)."""
+    pts = group_points(run.records, None)
+    if len({g for g, _, _ in pts}) > 1:
+        out: dict[str, list[tuple[float, float]]] = {}
+        for g, x, y in pts:
+            out.setdefault(g, []).append((x, y))
+        return out
+    return {"all": [(float(x["step"]), float(x["k3"])) for x in run.records if (x.get("k3") or 0) > 0]}
+
+
+MARKERS = "osD^v<>ph*"
+
+
 def plot_growth_fit(results: list[RunResult], path: Path, labels: dict[str, str]) -> Path | None:
-    """ln k3 against step, one panel per pool, one colour per condition: each seed's points (faint),
-    the seed mean (line) and the fitted line with the seed-mean slope through the seed mean's
-    centre (dashed; its slope per step and fold over the run in the legend)."""
+    """k3 against step (log scale), one panel per pool, one colour per condition, one marker per
+    sampler group (all seeds' points), and the fitted lines: the seed-mean slope of ln k3 with each
+    group's own intercept (``growth.k3_trend`` fits one slope within groups), dashed, over the
+    steps the group served; the legend gives slope ± s.e. and the fold over the run."""
     runs = [r for r in results if r.ok and r.records]
     pools, conds = grid_order(runs, labels)
     if not pools:
@@ -75,39 +91,43 @@ def plot_growth_fit(results: list[RunResult], path: Path, labels: dict[str, str]
     plt = _pyplot()
     ncol = min(3, len(pools))
     nrow = -(-len(pools) // ncol)
-    fig, axes = plt.subplots(nrow, ncol, figsize=(5.2 * ncol, 3.8 * nrow), squeeze=False)
+    fig, axes = plt.subplots(nrow, ncol, figsize=(5.2 * ncol, 3.9 * nrow), squeeze=False)
     for ax in axes.flat[len(pools):]:
         ax.set_visible(False)
     for ax, pool in zip(axes.flat, pools, strict=False):
+        groups: list[str] = []
         for i, cond in enumerate(conds):
             rs = [r for r in runs if r.pool == pool and r.condition == cond]
-            if not rs:
+            fits = [r.trend for r in rs if r.trend.n]
+            if not rs or not fits:
                 continue
             color = f"C{i}"
-            for r in rs:
-                pts = [(x["step"], x["k3"]) for x in r.records if (x.get("k3") or 0) > 0]
-                if pts:
-                    ax.scatter(*zip(*pts, strict=True), s=5, color=color, alpha=0.3)
-            x, y = _curve(rs, "k3")
-            fits = [r.trend for r in rs if r.trend.n]
-            if not len(x) or not fits:
-                continue
-            ax.plot(x, y, color=color, lw=1.0)
             slope = float(np.mean([t.slope for t in fits]))
-            ly = np.log(y[y > 0])
-            lx = x[y > 0]
-            if len(lx):
-                fit = np.exp(ly.mean() + slope * (x - lx.mean()))
-                se = float(np.mean([t.se for t in fits]))
-                ax.plot(x, fit, color=color, ls="--", lw=1.6,
-                        label=f"{labels.get(cond, cond)}: {slope:+.4f} ± {se:.4f}/step, "
-                              f"{mean_fold(fits):.2f}x ({len(rs)} seed{'s' if len(rs) > 1 else ''})")
+            pooled: dict[str, list[tuple[float, float]]] = {}
+            for r in rs:
+                for g, pts in _series(r).items():
+                    pooled.setdefault(g, []).extend(pts)
+            for g, pts in sorted(pooled.items()):
+                if g not in groups:
+                    groups.append(g)
+                x = np.asarray([p[0] for p in pts])
+                y = np.log(np.asarray([p[1] for p in pts]))
+                marker = MARKERS[groups.index(g) % len(MARKERS)]
+                ax.scatter(x, np.exp(y), s=7, color=color, alpha=0.35, marker=marker)
+                xs = np.asarray([x.min(), x.max()])
+                ax.plot(xs, np.exp(y.mean() + slope * (xs - x.mean())), color=color, ls="--", lw=1.4)
+            se = float(np.mean([t.se for t in fits]))
+            ax.plot([], [], color=color, ls="--",
+                    label=f"{labels.get(cond, cond)}: {slope:+.4f} ± {se:.4f}/step, "
+                          f"{mean_fold(fits):.2f}x ({len(rs)} seed{'s' if len(rs) > 1 else ''})")
+        for j, g in enumerate(groups):
+            ax.scatter([], [], color="grey", marker=MARKERS[j % len(MARKERS)], s=12, label=g)
         with warnings.catch_warnings():  # a flat k3 (synthetic runs) gives equal y limits: harmless
             warnings.simplefilter("ignore", UserWarning)
             ax.set_yscale("log")
-        ax.set_title(f"{pool}: k3 per step, fitted slope of ln k3", fontsize=9)
+        ax.set_title(f"{pool}: k3 per step and group, fitted slope of ln k3", fontsize=9)
         ax.set_xlabel("RL step")
-        ax.legend(fontsize=6.5, loc="best")
+        ax.legend(fontsize=6, loc="best")
     return _save(plt, fig, path)
 
 

@@ -50,7 +50,7 @@ class Trend:
 NO_TREND = Trend(math.nan, math.nan, math.nan, 0)
 
 
-def _group_points(records: list[dict], until: int | None) -> list[tuple[str, float, float]]:
+def group_points(records: list[dict], until: int | None) -> list[tuple[str, float, float]]:
     """(group, step, k3) for every step a sampler group had scored tokens and a k3 > 0."""
     pts = []
     for r in records:
@@ -72,7 +72,7 @@ def k3_trend(records: list[dict], *, until: int | None = None) -> Trend:
     step's batch often comes from one or two groups, so the step's overall k3 jumps 100x with the
     batch's make-up (bf16 ~5e-4, mxfp4 ~0.1) and a slope through it measures which groups served
     late steps, not whether each group's mismatch grew. Without group records: the overall k3."""
-    gpts = _group_points(records, until)
+    gpts = group_points(records, until)
     if len(gpts) >= MIN_POINTS and len({g for g, _, _ in gpts}) > 1:
         groups = sorted({g for g, _, _ in gpts})
         x = np.asarray([p[1] for p in gpts])
@@ -115,4 +115,4 @@ def mean_fold(trends: list[Trend]) -> float:
     return math.exp(sum(logs) / len(logs)) if logs else math.nan
 
 
-__all__ = ["GROWTH_FOLD", "NO_TREND", "Trend", "k3_trend", "mean_fold"]
+__all__ = ["GROWTH_FOLD", "NO_TREND", "Trend", "group_points", "k3_trend", "mean_fold"]

@@ -257,7 +257,7 @@ def render_summary(sweeps: list[SweepRuns], doc: Path, figures: dict[str, Path],
         ]
         why = setting_note(s.sweep_file)
         if why:
-            lines.append(f"- why this setting (the sweep file's comment): {why}")
+            lines.append(f"- why this setting (the sweep file's comment): {why.removeprefix('Why this setting:').strip()}")
         if s.probe or 0 < len(ok) <= 8:
             lines.append("- outcome per cell: " + "; ".join(
                 f"{r.pool}/{r.condition}/seed{r.seed}: {collapse_summary([r])}, k3 {r.trend.label} (slope {fmt(r.trend.slope, '+.3f')}/step, "
