@@ -106,7 +106,8 @@ def segments(loss_mask: np.ndarray) -> list[tuple[int, int, bool]]:
 
 def run_episodes(generate: Callable, episodes: Sequence[Episode], params, *,
                  max_total_tokens: int | Sequence[int] = 512,
-                 seeds: Sequence[int] | None = None) -> list[EpisodeRecord]:
+                 seeds: Sequence[int] | None = None,
+                 should_stop: Callable[[], bool] | None = None) -> list[EpisodeRecord]:
     """Run ``episodes`` to completion; ``generate(prompts, params) -> completions`` (the Engine API,
     with one ``SamplingParams`` per request).
 
@@ -114,6 +115,9 @@ def run_episodes(generate: Callable, episodes: Sequence[Episode], params, *,
     tokens left in ``max_total_tokens`` (one for all, or episode i's: prompts differ in length, so
     a budget of prompt + new tokens is per episode). ``seeds[i]`` seeds episode i (turn j uses
     seed + 7919 j so turns draw independent streams). An episode out of budget ends with ``length``.
+    ``should_stop()`` true (the sampler was told to stop) ends every open episode at the next turn
+    boundary or before its next tool call, as ``stopped`` with reward 0, ungraded: a round of long
+    episodes would otherwise run its remaining turns and sandboxed tests before the process exits.
     """
     builders = [_Builder(ep, params.head_k) for ep in episodes]
     limits = ([max_total_tokens] * len(episodes) if isinstance(max_total_tokens, int)
@@ -123,6 +127,9 @@ def run_episodes(generate: Callable, episodes: Sequence[Episode], params, *,
     while True:
         active = [i for i, b in enumerate(builders) if not b.done]
         if not active:
+            break
+        if should_stop is not None and should_stop():
+            _stop(builders[i] for i in active)
             break
         requests, per_request = [], []
         for i in active:
@@ -139,9 +146,22 @@ def run_episodes(generate: Callable, episodes: Sequence[Episode], params, *,
             break
         completions = generate([list(builders[i].tokens) for i in requests], per_request)
         for i, completion in zip(requests, completions, strict=True):
+            if should_stop is not None and should_stop():
+                builders[i].add_turn(completion)
+                builders[i].turns += 1
+                _stop([builders[i]])
+                continue
             _finish_turn(builders[i], completion, limits[i])
         turn += 1
     return [b.record() for b in builders]
+
+
+def _stop(builders) -> None:
+    for b in builders:
+        b.done, b.reward, b.termination = True, 0.0, "stopped"
+        if 1 in b.mask:  # drop an observation no policy token follows (records end on the policy)
+            end = len(b.mask) - b.mask[::-1].index(1)
+            del b.tokens[end:], b.mask[end:]
 
 
 def _finish_turn(b: _Builder, completion, max_total_tokens: int) -> None:

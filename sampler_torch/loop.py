@@ -217,6 +217,12 @@ class SamplerLoop:
         t0 = time.perf_counter()
         records = self._generate(items)
         gen_ms = (time.perf_counter() - t0) * 1000
+        if any(str(r.get("finish_reason", "")).partition(";")[0] == "stopped" for r in records):
+            # Told to stop mid-round: its episodes were cut short (``stopped``, ungraded), so none
+            # is submitted; the leases expire and the trainer hands the tasks out again.
+            self.active_samples = 0
+            log.info("stopping: the %d samples of an unfinished round are not submitted", len(items))
+            return
         self.active_samples = 0
         self.stats.rounds += 1
         self.stats.generated += len(items)
@@ -320,7 +326,7 @@ class SamplerLoop:
             try:
                 recs = run_episodes(self.engine.generate, [ep for _, ep in group],
                                     self._make_params(task0.sampling, 0), max_total_tokens=budget,
-                                    seeds=seeds)
+                                    seeds=seeds, should_stop=self.stop_event.is_set)
             finally:
                 for _, ep in group:
                     _close(ep)

@@ -284,3 +284,39 @@ def test_counted_errors_ride_the_wire_to_the_trainers_metrics(shell):
     group = types.SimpleNamespace(task=types.SimpleNamespace(env="shell"),
                                   trajectories=[types.SimpleNamespace(finish_reason=wire.finish_reason)])
     assert env_error_metrics([group]) == {"env/shell/errors/long_command": 1.0}
+
+
+class _Counting(Episode):
+    """Never done on its own; counts the turns it was asked to step (grade)."""
+
+    prompt, stop_token_ids = [1, 2], (3,)
+
+    def __init__(self):
+        self.stepped = 0
+
+    def step(self, generated):
+        self.stepped += 1
+        return StepResult([5, 6], 0.5, False)
+
+
+def test_a_stop_request_ends_open_episodes_ungraded_at_the_next_boundary():
+    """SIGTERM on a sampler mid-round: episodes end ``stopped`` (reward 0) without running their
+    remaining turns or tools, and the sampler loop does not submit them."""
+    calls = []
+
+    def generate(prompts, params):
+        calls.append(len(prompts))
+        return _generate(prompts, params)
+
+    episodes = [_Counting(), _Counting(), _Counting()]
+    stop_after_first_step = lambda: episodes[0].stepped >= 1  # noqa: E731 - told to stop mid-turn
+    records = run_episodes(generate, episodes, SamplingParams(head_k=0, max_new_tokens=4),
+                           max_total_tokens=64, should_stop=stop_after_first_step)
+    assert calls == [3]  # one turn generated, no second
+    assert [ep.stepped for ep in episodes] == [1, 0, 0]  # the others were not stepped after the stop
+    assert [r.termination for r in records] == ["stopped"] * 3 and all(r.reward == 0.0 for r in records)
+    assert all(r.loss_mask[-1] == 1 for r in records)  # each record still ends on a policy token
+    # Without a stop the same episodes run to the budget.
+    full = run_episodes(generate, [_Counting()], SamplingParams(head_k=0, max_new_tokens=4),
+                        max_total_tokens=64)
+    assert full[0].termination == "length" and full[0].turns > 1
