@@ -118,15 +118,19 @@ def main(argv: list[str] | None = None) -> int:
     if "eval_start" not in summary:  # a process other than 0 of a multi-process run
         console.print(f"process {summary['process']}: trained {summary['steps']} steps with process 0")
         return 0
-    table = Table(title=f"{cfg.run.name}: {summary['steps']} steps")
-    table.add_column("")
     keys = sorted(set(summary["eval_start"]) | set(summary["eval_end"]))
-    for key in keys:
-        table.add_column(key)
-    for label in ("eval_start", "eval_end"):
-        row = summary[label]
-        table.add_row(label.replace("eval_", ""), *(f"{row.get(k, float('nan')):.3f}" for k in keys))
-    console.print(table)
+    if keys:
+        table = Table(title=f"{cfg.run.name}: {summary['steps']} steps")
+        table.add_column("")
+        for key in keys:
+            table.add_column(key)
+        for label in ("eval_start", "eval_end"):
+            row = summary[label]
+            table.add_row(label.replace("eval_", ""), *(f"{row.get(k, float('nan')):.3f}" for k in keys))
+        console.print(table)
+    else:  # an empty table printed two bare row labels
+        console.print(f"{cfg.run.name}: {summary['steps']} steps (no held-out evaluation: "
+                      "train.eval_tasks or train.eval_every is 0)")
     for err in summary["publish_errors"]:
         console.print(f"[red]publish failed[/red] {err}")
     console.print(f"run dir: {summary['run_dir']} (summary.json, metrics.jsonl, tensorboard/, plots/, "
