@@ -1,0 +1,167 @@
+"""mixrl-fleet on a real local Ray cluster the test starts on loopback and stops: a real rollout
+service with the tiny model published as v0, replicas placed by their accelerator resource, one
+killed (SIGKILL to its actor's worker) and replaced, a group scaled 1 -> 3 by a plan, and `down`
+leaving no Ray worker and no sampler behind."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+
+ray = pytest.importorskip("ray", reason="the ray extra (pip install 'mixrl[ray]')")
+pytest.importorskip("sampler_torch.engine", reason="the sampler engine is needed for real samplers")
+sys.path.insert(0, str(Path(__file__).parents[1] / "service"))  # tiny.py
+from tiny import tiny_char_model  # noqa: E402
+
+from trainer_jax.config import load_config  # noqa: E402
+from trainer_jax.service import RolloutService  # noqa: E402
+
+BIN = Path(sys.executable).parent
+TOKEN = "fleet-ray-token"
+ENV = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "MIXRL_TOKEN": TOKEN}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """`ray start --head` on loopback with 2 CPUs, 2 H100 and 3 B200 (custom resources); `ray stop`
+    at the end whatever happened."""
+    port = _free_port()
+    cmd = [str(BIN / "ray"), "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(port),
+           "--num-cpus", "2", "--object-store-memory", "500000000",
+           "--resources", json.dumps({"H100": 2, "B200": 3}), "--disable-usage-stats",
+           "--include-dashboard=false"]
+    try:
+        subprocess.run(cmd, env=ENV, check=True, capture_output=True, text=True, timeout=120)
+        ray.init(address=f"127.0.0.1:{port}", namespace="mixrl", log_to_driver=False)
+        yield f"127.0.0.1:{port}"
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+        subprocess.run([str(BIN / "ray"), "stop", "--force"], env=ENV, capture_output=True, timeout=120)
+
+
+def _fleet(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    return subprocess.run([str(BIN / "mixrl-fleet"), *args], env=ENV, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def _wait(cond, timeout: float, what: str, logs=lambda: ""):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        v = cond()
+        if v:
+            return v
+        time.sleep(0.25)
+    raise AssertionError(f"timed out waiting for {what}\n{logs()}")
+
+
+def _ours(address: str) -> list[psutil.Process]:
+    """Ray workers running a fleet actor, and sampler processes joined to ``address``."""
+    out = []
+    for p in psutil.process_iter(["cmdline", "name"]):
+        try:
+            cmd = " ".join(p.info["cmdline"] or [])
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        if ("sampler_torch.cli" in cmd and address in cmd) or "ray::Replica" in cmd or "ray::Controller" in cmd:
+            out.append(p)
+    return out
+
+
+def test_fleet_on_a_local_ray_cluster(cluster, tmp_path):
+    from convert.publish import publish
+
+    tree = {
+        "run": {"name": "fleet-test"},
+        "service": {"listen": "127.0.0.1:0", "session_ttl_s": 3.0, "heartbeat_s": 0.5},
+        "tasks": {"group_size": 2, "sampling": {"max_new_tokens": 4}},
+        "groups": [
+            {"name": "h100", "recipe": "bf16", "accelerator": "H100", "spawn": False, "processes": 1,
+             "capacity": 2, "device": "auto", "resources": {"num_cpus": 0.5}, "price_per_hour": 3.0},
+            {"name": "b200", "recipe": "bf16", "accelerator": "B200", "spawn": False, "processes": 1,
+             "capacity": 2, "device": "auto", "resources": {"num_cpus": 0.5}, "price_per_hour": 5.0,
+             "max_processes": 3},
+        ]}
+    config = tmp_path / "fleet.yaml"
+    config.write_text(yaml.safe_dump(tree))
+    cfg = load_config(config)
+    svc = RolloutService.from_config(cfg, token=TOKEN).start()
+    svc.publish_version(0, publish(tiny_char_model(tmp_path / "init"), None, tmp_path / "pub", 0, ["bf16"]))
+    address = svc.address
+
+    def registered() -> dict[str, list[dict]]:
+        out: dict[str, list[dict]] = {}
+        for s in svc.status()["samplers"]:
+            if not s["name"].endswith("/fetch"):
+                out.setdefault(s["group"], []).append(s)
+        return out
+
+    def fleet_status() -> str:
+        r = _fleet("status", "--address", cluster, "--name", "fleet-test", timeout=60)
+        return r.stdout + r.stderr
+
+    try:
+        up = _fleet("up", "--config", str(config), "--trainer", address, "--address", cluster,
+                    "--weights-transfer", "fetch")
+        assert up.returncode == 0, up.stdout + up.stderr
+        assert "fleet fleet-test -> trainer" in up.stdout
+        # each replica fetched v0 over gRPC, started its sampler, and the sampler registered
+        _wait(lambda: {g: len(v) for g, v in registered().items()} == {"h100": 1, "b200": 1}, 180,
+              "one sampler per group registered", fleet_status)
+        names = {s["name"] for v in registered().values() for s in v}
+        assert names == {"h100-0", "b200-0"}
+        # placed by resource: one H100 and one B200 of the cluster's are taken, half a CPU each
+        avail = ray.available_resources()
+        assert avail.get("H100") == 1 and avail.get("B200") == 2 and avail.get("CPU") == 1.0, avail
+
+        # kill the h100 replica's actor process: its sampler goes with it, a new replica replaces it
+        st = ray.get(ray.get_actor("fleet-test", namespace="mixrl").status.remote())
+        victim = next(r for r in st["replicas"] if r["name"] == "h100-0")
+        os.kill(victim["pid"], signal.SIGKILL)
+        _wait(lambda: not psutil.pid_exists(victim["sampler_pid"]), 30, "the victim's sampler to exit")
+        _wait(lambda: [s["name"] for s in registered().get("h100", [])
+                       if s["last_seen_s_ago"] < 2] == ["h100-1"], 180,
+              "h100-1 replacing h100-0", fleet_status)
+        out = fleet_status()
+        assert "replaced 1" in out and "h100-0 dead" in out, out
+
+        # scale b200 from 1 to 3 replicas with a plan applied to the running fleet
+        plan = tmp_path / "plan.yaml"
+        plan.write_text(yaml.safe_dump({"groups": [
+            {"name": "b200", "accelerator": "B200", "processes": 3, "price_per_hour": 5.0}]}))
+        up = _fleet("up", "--config", str(config), "--trainer", address, "--address", cluster,
+                    "--plan", str(plan), "--weights-transfer", "fetch")
+        assert up.returncode == 0 and "re-targeted" in up.stdout, up.stdout + up.stderr
+        _wait(lambda: len([s for s in registered().get("b200", []) if s["last_seen_s_ago"] < 2]) == 3,
+              180, "three b200 samplers", fleet_status)
+        avail = ray.available_resources()
+        assert avail.get("B200", 0) == 0 and avail.get("H100") == 1 and avail.get("CPU", 0) == 0, avail
+        out = fleet_status()
+        row = next(line.split() for line in out.splitlines() if line.startswith("b200"))
+        assert row[:4] == ["b200", "B200", "3", "3"] and row[5] == "3", out  # target, plan, running
+
+        pids = {p.pid for p in _ours(address)}
+        assert len(pids) >= 8, pids  # 4 replica actors, 4 samplers (the controller too)
+        down = _fleet("down", "--address", cluster, "--name", "fleet-test", timeout=120)
+        assert down.returncode == 0 and "stopped 4 replicas" in down.stdout, down.stdout + down.stderr
+        _wait(lambda: not _ours(address), 30, "no fleet process left",
+              lambda: "\n".join(" ".join(p.cmdline()) for p in _ours(address)))
+        assert _fleet("status", "--address", cluster, "--name", "fleet-test").returncode == 1
+    finally:
+        for p in _ours(address):
+            p.kill()
+        svc.stop(grace=0)
