@@ -1,7 +1,7 @@
 """``mixrl-train plan``: which sampler pool to buy, from what a run measured.
 
     mixrl-train plan RUN_DIR --budget USD_PER_HOUR [--config RUN_CONFIG] [--prices FILE]
-                     [--limits FILE] [--out plan.yaml]
+                     [--limits FILE] [--out plan.yaml] [--min GROUP=N ...] [--max GROUP=N ...]
 
 Reads the run's per-group measurements from ``metrics.jsonl`` (mean over the last half of its RL
 steps): tokens/s per replica, tokens per sample, useful share (``group/<g>/useful_share`` where the
@@ -213,8 +213,18 @@ class Plan:
     cost_per_hour: float
 
 
-def make_plan(groups: dict[str, GroupMeasure], budget: float, limits: Limits) -> Plan:
-    """Exclude the groups over a limit or without a measured rate, then solve exactly."""
+def make_plan(groups: dict[str, GroupMeasure], budget: float, limits: Limits,
+              mins: dict[str, int] | None = None, maxs: dict[str, int] | None = None) -> Plan:
+    """Exclude the groups over a limit or without a measured rate, then solve exactly.
+
+    ``mins`` (``--min``): replicas a group must have (one bf16 replica for the evaluations, say):
+    bought first, the rest of the budget solved as before (``n = min + n'`` keeps the problem a
+    knapsack, so the plan stays optimal under the bound). ``maxs`` (``--max``, or the config's
+    ``max_processes``): at most that many."""
+    mins, maxs = dict(mins or {}), dict(maxs or {})
+    for name in [*mins, *maxs]:
+        if name not in groups:
+            raise PlanError(f"--min/--max: unknown group {name!r} (the run's groups: {', '.join(groups)})")
     excluded: dict[str, str] = {}
     items = []
     for name, m in groups.items():
@@ -226,9 +236,29 @@ def make_plan(groups: dict[str, GroupMeasure], budget: float, limits: Limits) ->
         elif not (m.useful_per_hour > 0):
             excluded[name] = "no useful samples per hour measured (no throughput, or useful share 0)"
         else:
-            items.append(Item(name, m.useful_per_hour, float(m.price), m.max_count))
-    counts, value, cost = solve(items, budget)
-    return Plan({n: counts.get(n, 0) for n in groups}, excluded, value, cost)
+            top = maxs.get(name, m.max_count)
+            if top is not None and mins.get(name, 0) > top:
+                raise PlanError(f"group {name!r}: --min {mins[name]} is above its maximum {top}")
+            items.append(Item(name, m.useful_per_hour, float(m.price),
+                              None if top is None else top - mins.get(name, 0)))
+        if name in excluded and mins.get(name, 0) > 0:
+            raise PlanError(f"--min {name}={mins[name]}: the group cannot be planned ({excluded[name]})")
+    fixed_cost = sum(n * float(groups[g].price) for g, n in mins.items())
+    if fixed_cost > budget + 1e-9:
+        raise PlanError(f"--min replicas cost {fixed_cost:g} USD/h, over the budget of {budget:g}")
+    counts, value, cost = solve(items, budget - fixed_cost)
+    value += sum(n * groups[g].useful_per_hour for g, n in mins.items())
+    return Plan({n: counts.get(n, 0) + mins.get(n, 0) for n in groups}, excluded, value, cost + fixed_cost)
+
+
+def _counts(values: list[str], flag: str) -> dict[str, int]:
+    out = {}
+    for v in values:
+        name, _, n = v.partition("=")
+        if not name or not n.isdigit():
+            raise PlanError(f"{flag} {v!r}: expected GROUP=N (N an integer >= 0)")
+        out[name] = int(n)
+    return out
 
 
 def plan_document(groups: dict[str, GroupMeasure], plan: Plan, budget: float, limits: Limits,
@@ -355,14 +385,20 @@ def plan_main(argv: list[str]) -> int:
     p.add_argument("--limits", help="stability limits YAML (default: the write-up's figures, "
                                     "trainer_jax/plan_limits.yaml)")
     p.add_argument("--out", default="plan.yaml", help="where to write the plan (default plan.yaml)")
+    p.add_argument("--min", action="append", default=[], metavar="GROUP=N",
+                   help="at least N replicas of GROUP (e.g. bf16=1 to keep a bf16 evaluator); repeatable")
+    p.add_argument("--max", action="append", default=[], metavar="GROUP=N",
+                   help="at most N replicas of GROUP (over --config's max_processes); repeatable")
     args = p.parse_args(argv)
     # Off a terminal (a log, a pipe) rich would squeeze the table's 17 columns into 80.
     console = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 200)
     try:
+        if not math.isfinite(args.budget) or args.budget < 0:  # before anything is read
+            raise PlanError(f"--budget must be a finite USD per hour >= 0, got {args.budget}")
         limits = load_limits(args.limits)
         groups = read_run(args.run_dir)
         attach_prices(groups, args.run_dir, args.config, args.prices)
-        plan = make_plan(groups, args.budget, limits)
+        plan = make_plan(groups, args.budget, limits, _counts(args.min, "--min"), _counts(args.max, "--max"))
     except PlanError as e:
         print(f"mixrl-train plan: {' '.join(str(e).split())}", file=sys.stderr)
         return 2

@@ -89,6 +89,26 @@ def test_plan_finds_the_optimum_greedy_misses(greedy_trap, tmp_path, capsys):
     assert counts == {"a": 1, "b": 1, "c": 0}
 
 
+def test_min_and_max_replicas(greedy_trap, tmp_path, capsys):
+    run, limits = greedy_trap
+    out = tmp_path / "plan.yaml"
+
+    def counts(*extra: str) -> dict[str, int] | int:
+        rc = plan_main([str(run), "--budget", "12", "--limits", str(limits), "--out", str(out), *extra])
+        return rc if rc else {g["name"]: g["processes"] for g in yaml.safe_load(out.read_text())["groups"]}
+
+    assert counts() == {"a": 2, "b": 0, "c": 0}  # 14,000 for 12 USD
+    assert counts("--max", "a=1") == {"a": 1, "b": 1, "c": 0}  # 12,500
+    assert counts("--min", "b=2") == {"a": 0, "b": 2, "c": 0}  # 2 USD left buys nothing
+    capsys.readouterr()
+    for extra, expected in ((("--min", "c=1"), "--min c=1: the group cannot be planned (k3 0.5 > max_k3"),
+                            (("--min", "zz=1"), "unknown group 'zz'"), (("--max", "a"), "expected GROUP=N"),
+                            (("--min", "a=2", "--min", "b=1"), "cost 17 USD/h, over the budget of 12")):
+        assert counts(*extra) == 2
+        err = capsys.readouterr().err
+        assert expected in err and err.count("\n") == 1, err
+
+
 def test_cli_subcommand(greedy_trap, tmp_path):
     """`mixrl-train plan` through the console entry's module, as a process."""
     run, limits = greedy_trap
