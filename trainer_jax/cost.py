@@ -266,9 +266,11 @@ class TrainerCost:
             if name is not None:
                 trained[name][0] += 1
                 trained[name][1] += int(s.loss_mask.sum())
-        counts = step_counts(service.status(), group_names, {g: tuple(v) for g, v in trained.items()},
-                             values)
+        status = service.status()
+        counts = step_counts(status, group_names, {g: tuple(v) for g, v in trained.items()}, values)
         out = self.ledger.step(wall_s, counts)
+        for name, g in status.get("groups", {}).items():  # the router's split, whichever policy
+            out[f"group/{name}/lease_share"] = float(g.get("share", 0.0))
         merged = {**values, **out}
         with service.scheduler.lock:
             for name in group_names:
