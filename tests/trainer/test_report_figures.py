@@ -24,8 +24,8 @@ LABELS = {"grpo": "GRPO", "sc_mis": "SC + MIS"}
 
 def _run(root: Path, pool: str, cond: str, seed: int = 0, *, rate: float = 0.0, groups: dict | None = None,
          eval_end: float = 0.5, finished: bool = True, config: str = "configs/local_mixed.yaml") -> Path:
-    """A run whose k3 changes by exp(rate) a step; ``groups``: name -> (sample share, policy tokens
-    a step, out-of-range rate, k3)."""
+    """A run whose k3 (overall and each group's) changes by exp(rate) a step; ``groups``: name ->
+    (sample share, policy tokens a step, out-of-range rate, k3 at step 0)."""
     groups = groups or {"a": (0.5, 100.0, 0.001, 1e-3), "b": (0.5, 100.0, 0.001, 1e-3)}
     run = root / pool / cond / f"seed{seed}"
     run.mkdir(parents=True)
@@ -34,7 +34,7 @@ def _run(root: Path, pool: str, cond: str, seed: int = 0, *, rate: float = 0.0, 
         rec = {"step": s, "loss": 0.1, "reward_mean": 0.3, "k3": 1e-3 * math.exp(rate * s), "samples_trained": 64}
         for g, (share, tokens, oor, k3) in groups.items():
             rec |= {f"group/{g}/sample_share": share, f"group/{g}/tokens": tokens,
-                    f"group/{g}/out_of_range": oor, f"group/{g}/k3": k3}
+                    f"group/{g}/out_of_range": oor, f"group/{g}/k3": k3 * math.exp(rate * s)}
         lines.append(json.dumps(rec))
     (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
     if finished:
@@ -118,6 +118,8 @@ def test_summary_draws_its_figures_and_lists_a_running_cell(tmp_path):
     # The phase table: GRPO / mixed has one collapsed seed of two, so the cell reads collapsed.
     assert "| mixed | – | " in text and "| GRPO | collapsed | " in text and "seed0: bounded, seed1: collapsed" in text
     assert "out-of-range share / policy-token share" in text
+    assert "| long grid | mixed | GRPO | 1 | 12 | collapsed | +0.1200 ± 0.0000 | 3.74x | 0.500 → 0.100 |" in text
+    assert text.startswith("# Results") and "This document: `" not in text  # only the CLI knows its command
 
 
 def test_k3_slope_is_fitted_within_groups():
