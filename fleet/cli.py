@@ -159,7 +159,8 @@ def status(args) -> int:
     name = args.name or "run"
     ctrl = _controller(ray, name)
     if ctrl is None:
-        print(f"mixrl-fleet: no fleet named {name!r} on this cluster (namespace {NAMESPACE})", file=sys.stderr)
+        print(f"mixrl-fleet: no fleet named {name!r} on this cluster (namespace {NAMESPACE})",
+              file=sys.stderr)
         return 1
     print_status(ray.get(ctrl.status.remote(), timeout=60))
     return 0
@@ -170,7 +171,8 @@ def down(args) -> int:
     name = args.name or "run"
     ctrl = _controller(ray, name)
     if ctrl is None:
-        print(f"mixrl-fleet: no fleet named {name!r} on this cluster (namespace {NAMESPACE})", file=sys.stderr)
+        print(f"mixrl-fleet: no fleet named {name!r} on this cluster (namespace {NAMESPACE})",
+              file=sys.stderr)
         return 1
     out = ray.get(ctrl.shutdown.remote(), timeout=120)
     ray.kill(ctrl, no_restart=True)

@@ -111,7 +111,8 @@ class Replica:
         with self._lock:
             if self.proc is not None and self.state_ == "running" and self.proc.poll() is not None:
                 self.state_ = "dead"
-                self.detail = f"the sampler exited with code {self.proc.returncode} (log {self.dir}/sampler.log)"
+                self.detail = (f"the sampler exited with code {self.proc.returncode} "
+                               f"(log {self.dir}/sampler.log)")
             return {"name": self.name, "group": self.group, "state": self.state_, "detail": self.detail,
                     "version": self.version, "pid": os.getpid(),
                     "sampler_pid": self.proc.pid if self.proc is not None else None,

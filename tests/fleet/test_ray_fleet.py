@@ -77,7 +77,8 @@ def _ours(address: str) -> list[psutil.Process]:
             cmd = " ".join(p.info["cmdline"] or [])
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
-        if ("sampler_torch.cli" in cmd and address in cmd) or "ray::Replica" in cmd or "ray::Controller" in cmd:
+        if ("sampler_torch.cli" in cmd and address in cmd) or any(
+                f"ray::{actor}" in cmd for actor in ("Replica", "Controller")):
             out.append(p)
     return out
 
