@@ -39,8 +39,13 @@ PY = sys.executable
 MODULES: dict[str, tuple[list[str], list[str]]] = {
     "objective": (["trainer_jax/objective"],
                   ["tests/objective/test_mutation_objective.py", "tests/objective/test_components.py"]),
-    "linear_logsumexp": (["trainer_jax/kernels/linear_logsumexp"],
-                         ["tests/kernels/test_linear_logsumexp.py"]),
+    # every file the CPU runs: the Pallas kernels through the Pallas interpreter (the tests' CPU
+    # default); not device_check.py, the one-shot accelerator check (needs a GPU or TPU)
+    "linear_logsumexp": ([f"trainer_jax/kernels/linear_logsumexp/{f}.py" for f in (
+                             "__init__", "_online", "api", "names", "pallas", "pallas_common", "pallas_gpu",
+                             "pallas_tpu", "reference", "xla")],
+                         ["tests/kernels/test_mutation_linear_logsumexp.py",
+                          "tests/kernels/test_linear_logsumexp.py"]),
     # test_learner's packed-forward test (24 s of compiling) is left out: the packing test
     # asserts the ids, segments and positions it feeds
     "batching": (["trainer_jax/batching.py"],
@@ -48,17 +53,21 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
                   "tests/trainer/test_learner.py::test_overflow_is_left_for_later_and_staleness_masks",
                   "tests/trainer/test_learner.py::test_sample_validation"]),
     "checkpoint": (["trainer_jax/checkpoint.py", "trainer_jax/resume.py"],
-                   ["tests/trainer/test_checkpoint.py", "tests/trainer/test_mutation_resume.py",
+                   ["tests/trainer/test_mutation_checkpoint.py", "tests/trainer/test_checkpoint.py",
+                    "tests/trainer/test_mutation_resume.py",
                     "tests/trainer/test_run_dir.py"]),
     "validation": (["trainer_jax/service/validation.py"],
                    ["tests/service/test_validation.py", "tests/service/test_mutation_validation.py"]),
-    "scheduler": (["trainer_jax/service/scheduler.py"], ["tests/service/test_service.py"]),
+    "scheduler": (["trainer_jax/service/scheduler.py"],
+                  ["tests/service/test_mutation_scheduler.py", "tests/service/test_service.py",
+                   "tests/service/test_evaluation_tasks.py"]),
     "delta": (["convert/delta.py", "convert/delta_codec.py"],
               ["tests/convert/test_mutation_delta.py", "tests/convert/test_delta.py",
                "tests/convert/test_delta_codec.py"]),
     "manifest": (["convert/manifest.py"],
                  ["tests/convert/test_mutation_manifest.py", "tests/convert/test_export_publish.py"]),
-    "formats": (["convert/formats"], ["tests/convert/test_formats.py", "tests/convert/test_numerics.py"]),
+    "formats": (["convert/formats"], ["tests/convert/test_mutation_formats.py", "tests/convert/test_formats.py",
+                                      "tests/convert/test_numerics.py"]),
     "weights_fetch": (["sampler_torch/weights_fetch.py"],
                       ["tests/service/test_mutation_weights_fetch.py",
                        "tests/service/test_weight_deltas.py"]),
