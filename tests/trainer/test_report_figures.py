@@ -15,7 +15,7 @@ from trainer_jax.report.grid import Grid
 from trainer_jax.report.growth import k3_trend
 from trainer_jax.report.runs import RunResult
 from trainer_jax.report.seed_claims import REPRODUCED, group_kl_points, verdicts
-from trainer_jax.report.summary import load_sweep_runs, write_summary
+from trainer_jax.report.summary import main as summary_main
 
 ROOT = Path(__file__).resolve().parents[2]
 N = 12
@@ -100,14 +100,25 @@ def test_summary_draws_its_figures_and_lists_a_running_cell(tmp_path):
     # The archive the document is rebuilt from: relative paths, running cell kept without cell.json.
     from trainer_jax.report.archive import archive
 
-    copied = archive(sweep, tmp_path / "kept", command="run.sh")
+    kept_dir = tmp_path / "ablation_long"
+    copied = archive(sweep, kept_dir, command="run.sh")
     assert "homogeneous/sc_mis/seed0 (running)" in copied and len(copied) == 7
-    cell = json.loads((tmp_path / "kept" / "mixed" / "grpo" / "seed0" / "cell.json").read_text())
+    cell = json.loads((kept_dir / "mixed" / "grpo" / "seed0" / "cell.json").read_text())
     assert cell["command"][1:3] == ["--config", "configs/local_mixed.yaml"]
-    assert not list((tmp_path / "kept").rglob("metrics.jsonl")) and len(list((tmp_path / "kept").rglob("metrics.jsonl.gz"))) == 7
-    kept = load_sweep_runs("long grid", ROOT / "configs" / "ablation_long.yaml", tmp_path / "kept", None)
-    doc = write_summary([kept], tmp_path / "docs" / "results.md")
+    assert not list(kept_dir.rglob("metrics.jsonl")) and len(list(kept_dir.rglob("metrics.jsonl.gz"))) == 7
+    # The same cells at another length, listed beside the judged sweep with their own verdicts.
+    short = tmp_path / "ablation_short"
+    _run(short, "mixed", "grpo", groups=mixed)
+    _run(short, "homogeneous", "grpo", config="configs/local_homogeneous.yaml")
+    doc = tmp_path / "docs" / "results.md"
+    sweep_file = ROOT / "configs" / "ablation_long.yaml"
+    assert summary_main(["--sweep", f"{sweep_file}={kept_dir}", "--listed", f"{sweep_file}={short}@the same cells, shorter",
+                         "--doc", str(doc)]) == 0
     text = doc.read_text()
+    assert "This document: `python -m trainer_jax.report.summary --sweep " in text
+    assert "### short grid (the same cells, shorter: not in the claims below)" in text
+    assert "### The same claims judged on the short grid alone (the same cells, shorter)" in text
+    assert "- why this setting (the sweep file's comment): at lr 5e-4" in text
     figs = ("phase_map", "growth", "pass_at_1", "oor_vs_tokens", "group_oor_vs_kl", "kl", "reward")
     for f in figs:
         assert (tmp_path / "docs" / "results" / f"{f}.png").stat().st_size > 5000, f
@@ -119,7 +130,7 @@ def test_summary_draws_its_figures_and_lists_a_running_cell(tmp_path):
     assert "| mixed | – | " in text and "| GRPO | collapsed | " in text and "seed0: bounded, seed1: collapsed" in text
     assert "out-of-range share / policy-token share" in text
     assert "| long grid | mixed | GRPO | 1 | 12 | collapsed | +0.1200 ± 0.0000 | 3.74x | 0.500 → 0.100 |" in text
-    assert text.startswith("# Results") and "This document: `" not in text  # only the CLI knows its command
+    assert "| short grid | mixed | GRPO | 0 | 12 | bounded |" in text
 
 
 def test_k3_slope_is_fitted_within_groups():

@@ -280,6 +280,10 @@ def render_summary(sweeps: list[SweepRuns], doc: Path, figures: dict[str, Path],
     if notes:
         lines += ["## Reading these numbers", ""] + [f"- {n}" for n in notes] + [""]
     lines += claims_section(grid)
+    for s in sweeps:
+        if s.probe and s.note and any(r.ok for r in s.results):
+            lines += [f"### The same claims judged on the {s.name} alone ({s.note})", ""]
+            lines += [c.markdown() for c in verdicts(Grid.of(s.results, grid.labels, {}))] + [""]
     lines += phase_section(grid, figures.get("phase"), doc)
     lines += growth_section(grid)
     lines += group_kl_section(grid)
