@@ -40,6 +40,7 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
+from convert.tokenizer import source_dir
 from envs.base import ENVIRONMENTS, TERMINATIONS, Environment, Episode, StepResult, Task, make_env
 from envs.loading import resolve_env, timeout_s
 
@@ -157,6 +158,7 @@ class IsolatedEpisode(Episode):
         self.env, self._worker = env, worker
         self.prompt, self.stop_token_ids = prompt, tuple(stop)
         self._inner: dict[str, int] = errors
+        self.wants_logprobs, self.turn_logprobs = False, None  # set by start / the episode driver
 
     @property
     def errors(self) -> dict[str, int]:
@@ -173,9 +175,11 @@ class IsolatedEpisode(Episode):
     def step(self, generated: list[int]) -> StepResult:
         if self._worker is None:
             return self._end("closed", "step after the episode ended")
+        request = {"op": "step", "generated": [int(t) for t in generated]}
+        if self.turn_logprobs is not None:
+            request["logprobs"], self.turn_logprobs = list(self.turn_logprobs), None
         try:
-            a = self._worker.call({"op": "step", "generated": [int(t) for t in generated]},
-                                  self.env.timeout_s)
+            a = self._worker.call(request, self.env.timeout_s)
         except EnvCallFailed as e:
             if not self._worker.alive:  # killed (timeout) or dead: forgotten, never reused
                 self.env.give_back(self._worker)
@@ -251,6 +255,7 @@ class IsolatedEnvironment(Environment):
 
     def _new_worker(self) -> _Worker:
         worker = _Worker({"op": "init", "spec": self.spec, "tokenizer": self._tokenizer_json,
+                          "tokenizer_dir": str(source_dir(self.tokenizer) or ""),
                           "difficulty": self.difficulty, "options": self.options,
                           "chat_template_kwargs": self.chat_template_kwargs})
         with self._lock:
@@ -296,7 +301,9 @@ class IsolatedEnvironment(Environment):
             message = f"start returned prompt {str(a.get('prompt'))[:60]}, stop {str(a.get('stop'))[:60]}"
             self.log_failure("bad_output", message)
             raise EnvCallFailed("bad_output", message)
-        return IsolatedEpisode(self, worker, prompt, stop, _counts(a.get("errors")))
+        episode = IsolatedEpisode(self, worker, prompt, stop, _counts(a.get("errors")))
+        episode.wants_logprobs = a.get("wants_logprobs") is True
+        return episode
 
     def _in_process(self) -> Environment:
         if self._local is None:

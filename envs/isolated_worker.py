@@ -3,11 +3,14 @@
 ``envs.isolated`` starts one per concurrently running episode and writes one JSON request per
 line on its stdin; it answers exactly one line per request on its stdout:
 
-- ``{"op": "init", "spec", "tokenizer" (tokenizer.json text), "difficulty", "options",
-  "chat_template_kwargs"}``: import the class and build the environment, once;
-- ``{"op": "start", "task": {"task_id", "env", "payload"}}``: ``{"prompt", "stop", "errors"}``;
-- ``{"op": "step", "generated": [ids]}``: ``{"observation", "reward", "done", "termination",
-  "errors"}``, as the episode returned them (the parent validates every field);
+- ``{"op": "init", "spec", "tokenizer" (tokenizer.json text), "tokenizer_dir" (its model
+  directory, or ""), "difficulty", "options", "chat_template_kwargs"}``: import the class and
+  build the environment, once;
+- ``{"op": "start", "task": {"task_id", "env", "payload"}}``: ``{"prompt", "stop", "errors",
+  "wants_logprobs"}``;
+- ``{"op": "step", "generated": [ids], "logprobs"?: [floats]}``: ``{"observation", "reward",
+  "done", "termination", "errors"}``, as the episode returned them (the parent validates every
+  field); ``logprobs`` (the turn's behaviour log-probs) when the episode ``wants_logprobs``;
 - ``{"op": "close"}``: the episode's ``close()``.
 
 Each answer is ``{"ok": true, ...}`` or ``{"ok": false, "reason": "exception" | "bad_output",
@@ -81,8 +84,12 @@ class _Server:
 
             cls = resolve_env(request["spec"])
             options = {k: v for k, v in request["options"].items() if k != "timeout_s"}
-            self.env = cls(Tokenizer.from_str(request["tokenizer"]),
-                           difficulty=request["difficulty"], **options)
+            tokenizer = Tokenizer.from_str(request["tokenizer"])
+            if request.get("tokenizer_dir"):  # where chat templates and renderers find their files
+                from convert.tokenizer import SOURCE_DIR_ATTR
+
+                setattr(tokenizer, SOURCE_DIR_ATTR, request["tokenizer_dir"])
+            self.env = cls(tokenizer, difficulty=request["difficulty"], **options)
             self.env.chat_template_kwargs = request.get("chat_template_kwargs") or {}
             return {}
         if op == "start":
@@ -92,10 +99,13 @@ class _Server:
             t = request["task"]
             self.episode = self.env.start(Task(t["task_id"], t["env"], t["payload"]))
             return {"prompt": list(self.episode.prompt), "stop": list(self.episode.stop_token_ids),
-                    "errors": self._errors()}
+                    "errors": self._errors(),
+                    "wants_logprobs": getattr(self.episode, "wants_logprobs", False) is True}
         if op == "step":
             from envs.base import StepResult
 
+            if "logprobs" in request:  # the turn's behaviour log-probs (Episode.wants_logprobs)
+                self.episode.turn_logprobs = request["logprobs"]
             result = self.episode.step(request["generated"])
             if not isinstance(result, StepResult):
                 return {"ok": False, "reason": "bad_output",

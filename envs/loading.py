@@ -31,8 +31,9 @@ from envs.base import ENVIRONMENTS, Environment
 
 ENTRY_POINT_GROUP = "mixrl.envs"
 #: Environments shipped with mixrl that run as outside ones (worker processes on a sampler,
-#: ``options.timeout_s``): they talk to other programs (``envs.openenv_env``: an OpenEnv server).
-PACKAGED = {"openenv": "envs.openenv_env:OpenEnv"}
+#: ``options.timeout_s``): they talk to other programs (``envs.openenv_env``: an OpenEnv server;
+#: ``envs.verifiers_env``: a ``verifiers`` environment driving turns through a generate endpoint).
+PACKAGED = {"openenv": "envs.openenv_env:OpenEnv", "verifiers": "envs.verifiers_env:VerifiersEnvironment"}
 #: Seconds an outside environment's ``start`` or ``step`` may take (``options.timeout_s``).
 DEFAULT_TIMEOUT_S = 30.0
 

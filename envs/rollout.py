@@ -167,6 +167,8 @@ def _stop(builders) -> None:
 def _finish_turn(b: _Builder, completion, max_total_tokens: int) -> None:
     b.add_turn(completion)
     b.turns += 1
+    if getattr(b.episode, "wants_logprobs", False):  # an engine endpoint answers with them (verifiers)
+        b.episode.turn_logprobs = [float(x) for x in completion.logprobs]
     try:
         result = b.episode.step(list(completion.token_ids))
         reward, observation = float(result.reward), [int(t) for t in result.observation]
