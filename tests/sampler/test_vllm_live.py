@@ -167,18 +167,42 @@ def test_in_place_pause_across_a_reload(server, exports):
     """/pause?mode=keep: a request in flight continues on the new weights; its tokens say
     where the switch happened."""
     params = SamplingParams(temperature=1.0, head_k=1, max_new_tokens=600, seed=7)
-    out = {}
+    out, before = {}, server.version
     worker = threading.Thread(target=lambda: out.update(c=server.generate([[1]], params)[0]))
     worker.start()
     time.sleep(1.0)
-    server.load_weights(exports[0], 3)
+    server.load_weights(exports[0], before + 1)
     worker.join()
     versions = out["c"].versions
-    switch = versions.index(3)
-    assert 0 < switch < len(versions) and versions == [2] * switch + [3] * (600 - switch)
+    switch = versions.index(before + 1)
+    assert 0 < switch < len(versions) and versions == [before] * switch + [before + 1] * (600 - switch)
     # tokens after the switch were scored by the reloaded weights (v1's): spot-check the last
     ref = hf_logprobs(exports[0], out["c"].prompt_ids + out["c"].token_ids)
     assert out["c"].logprobs_full[-1] == pytest.approx(ref[-2, out["c"].token_ids[-1]], abs=ATOL)
+
+
+def test_without_partial_rollouts_a_reload_waits_for_requests_in_flight(server, exports):
+    """``partial_rollouts: false`` (``/pause?mode=wait``): a request in flight finishes on the
+    weights it started with; the reload lands after it, and the next request is the new version's."""
+    params = SamplingParams(temperature=1.0, head_k=1, max_new_tokens=600, seed=11)
+    before = server.version
+    server.set_partial_rollouts(False)
+    out, reloaded = {}, {}
+    try:
+        worker = threading.Thread(target=lambda: out.update(c=server.generate([[1]], params)[0],
+                                                             done=time.monotonic()))
+        worker.start()
+        time.sleep(1.0)
+        assert worker.is_alive(), "the request finished before the reload started: make it longer"
+        server.load_weights(exports[1], before + 1)
+        reloaded["at"] = time.monotonic()
+        worker.join()
+    finally:
+        server.set_partial_rollouts(True)
+    assert out["c"].versions == [before] * 600  # every token on the old weights
+    assert reloaded["at"] >= out["done"] - 0.5  # the reload returned only once the request was done
+    c = server.generate([[1]], SamplingParams(max_new_tokens=4, seed=5))[0]
+    assert c.versions == [before + 1] * 4
 
 
 def test_mixrl_sample_backend_vllm_against_a_rollout_service(server, exports, tmp_path,
