@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 
 from trainer_jax.models.blocked_attention import (
+    _NEG,
     backward_walk,
     forward_walk,
     run_bounds,
@@ -66,15 +67,23 @@ def _ring(q, k, v, seg, lo, hi_all, device, axis, size, block):
 def _ring_fwd(q, k, v, seg, lo, hi_all, device, axis, size, block):
     nb = q.shape[3] // (2 * block)
     qgrid = zigzag_grid(device, size, nb)
-    out = lse = None
-    visiting = (k, v, seg)
-    for s in range(size):
-        nxt = _hop(visiting, axis, size) if s < size - 1 else None  # overlaps this step's compute
+
+    def attend(s, visiting, out, lse):  # this step's part, combined into the running result
         kgrid = zigzag_grid((device - s) % size, size, nb)
         part, part_lse = forward_walk(q, visiting[0], visiting[1], seg, visiting[2], qgrid, kgrid,
                                       lo, block, jnp.float32)
-        out, lse = (part, part_lse) if s == 0 else _combine(out, lse, part, part_lse)
-        visiting = nxt
+        return _combine(out, lse, part, part_lse)
+
+    def step(s, carry):
+        visiting, out, lse = carry
+        nxt = _hop(visiting, axis, size)  # independent of this step's compute: overlaps it
+        return (nxt, *attend(s, visiting, out, lse))
+
+    # A loop, not an unrolled ring: one visiting block (two while a hop is in flight) and one
+    # running result live at a time whatever the scheduler does, and the kernel compiles once.
+    init = ((k, v, seg), jnp.zeros(q.shape, jnp.float32), jnp.full(q.shape[:4], _NEG, jnp.float32))
+    visiting, out, lse = jax.lax.fori_loop(0, size - 1, step, init)
+    out, lse = attend(size - 1, visiting, out, lse)  # the last block: no hop after it
     out = out.astype(q.dtype)
     return out, (q, k, v, seg, lo, hi_all, device, out, lse)
 
@@ -84,17 +93,22 @@ def _ring_bwd(axis, size, block, res, dout):
     nb = q.shape[3] // (2 * block)
     qgrid = zigzag_grid(device, size, nb)
     delta = jnp.sum(dout.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)
-    dq = jnp.zeros(q.shape, jnp.float32)
-    visiting, grads = (k, v, seg), None
-    for s in range(size):
-        nxt = _hop(visiting, axis, size) if s < size - 1 else None
+
+    def grads_of(s, visiting, dq, grads):  # this block's dK/dV added, then on with the block
         kgrid = zigzag_grid((device - s) % size, size, nb)
         dq, dk, dv = backward_walk(q, visiting[0], visiting[1], seg, visiting[2], qgrid, kgrid,
                                    hi_all[kgrid], dout, lse, delta, dq, block, jnp.float32)
-        grads = (dk, dv) if s == 0 else (grads[0] + dk, grads[1] + dv)
-        grads = _hop(grads, axis, size)  # with its block: after the last hop, home
-        visiting = nxt
-    dk, dv = grads
+        return dq, _hop((grads[0] + dk, grads[1] + dv), axis, size)
+
+    def step(s, carry):
+        visiting, dq, grads = carry
+        nxt = _hop(visiting, axis, size)
+        return (nxt, *grads_of(s, visiting, dq, grads))
+
+    zeros = jnp.zeros(k.shape, jnp.float32)
+    init = ((k, v, seg), jnp.zeros(q.shape, jnp.float32), (zeros, zeros))
+    visiting, dq, grads = jax.lax.fori_loop(0, size - 1, step, init)
+    dq, (dk, dv) = grads_of(size - 1, visiting, dq, grads)  # the C-th hop took dK/dV home
     return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None, None, None
 
 

@@ -84,8 +84,8 @@ def _check_no_hidden_gather(hlo: str, cfg, form: str) -> None:
 
     ``all_gather``: the K/V gather (4-D ``[rows, T, K, hd]``, named here) is there, once per
     attention layer (K, V). ``ring``: no all-gather of K/V at all (4-D ``[.., hd]``); K/V and
-    their gradients travel by collective-permutes (``[rows, K, 2T/C... , hd]`` blocks; at least
-    K, V forward and dK, dV backward per layer).
+    their gradients travel by collective-permutes (``[rows, K, 2T/C, hd]`` blocks: K and V,
+    dK and dV, each in the layer scan's body).
     """
     kv_gathers = kv_permutes = 0
     for line in hlo.splitlines():
@@ -106,4 +106,4 @@ def _check_no_hidden_gather(hlo: str, cfg, form: str) -> None:
     if form == "all_gather":
         assert kv_gathers >= 2 * cfg.num_hidden_layers, f"K/V gathers: {kv_gathers}"
     else:
-        assert kv_permutes >= 4 * cfg.num_hidden_layers, f"K/V collective-permutes: {kv_permutes}"
+        assert kv_permutes >= 4, f"K/V collective-permutes: {kv_permutes}"  # K, V; dK, dV
