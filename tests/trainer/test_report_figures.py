@@ -116,6 +116,7 @@ def test_summary_draws_its_figures_and_lists_a_running_cell(tmp_path):
                          "--doc", str(doc)]) == 0
     text = doc.read_text()
     assert "This document: `python -m trainer_jax.report.summary --sweep " in text
+    assert "- command: `run.sh` (runs' small outputs kept in `" in text
     assert "### short grid (the same cells, shorter: not in the claims below)" in text
     assert "### The same claims judged on the short grid alone (the same cells, shorter)" in text
     assert "- why this setting (the sweep file's comment): at lr 5e-4" in text

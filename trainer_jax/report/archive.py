@@ -72,11 +72,14 @@ def archive(src: str | os.PathLike, dst: str | os.PathLike, *, command: str | No
         (dst / "warm_start").mkdir(parents=True, exist_ok=True)
         record = _relative(json.loads(f.read_text()), root)
         (dst / "warm_start" / f.name).write_text(json.dumps(record, indent=2) + "\n")
+    manifest = {}
     if (src / "sweep.json").exists():
         manifest = _relative(json.loads((src / "sweep.json").read_text()), root)
         manifest.pop("cells", None)  # the cells' own cell.json files are the record
-        if command:
-            manifest["command"] = command
+    if command:  # also when no invocation has finished yet (no sweep.json to copy)
+        manifest["command"] = command
+    if manifest:
+        dst.mkdir(parents=True, exist_ok=True)
         (dst / "sweep.json").write_text(json.dumps(manifest, indent=2) + "\n")
     return copied
 

@@ -255,11 +255,18 @@ def render_summary(sweeps: list[SweepRuns], doc: Path, figures: dict[str, Path],
             f"### {s.name}" + (f" ({s.note or 'probe'}: not in the claims below)" if s.probe else "")
             + (f" — [{_rel(s.report, doc)}]({_rel(s.report, doc)})" if s.report else ""),
             "",
-            f"- command: `{cmd}` (runs in `{os.path.relpath(s.out)}`; rerunning it finishes the missing cells)",
+            f"- command: `{cmd}` ("
+            + (f"runs' small outputs kept in `{os.path.relpath(s.out)}` by `python -m trainer_jax.report.archive`"
+               if any(s.out.glob("*/*/seed*/metrics.jsonl.gz")) and not any(s.out.glob("*/*/seed*/metrics.jsonl"))
+               else f"runs in `{os.path.relpath(s.out)}`")
+            + "; rerunning it finishes the missing cells)",
             f"- cells finished: {len(ok)} of {len(s.planned) or len(s.results)} planned; RL steps per run: {', '.join(map(str, steps)) or '–'}; "
             f"cell time {s.cell_s:.0f} s",
-            f"- shared overrides: `{' '.join((s.manifest or {}).get('overrides', []))}`" if s.manifest else "- (no sweep.json: the last invocation was stopped before writing it)",
         ]
+        if (s.manifest or {}).get("overrides"):
+            lines.append(f"- shared overrides (the last invocation's): `{' '.join(s.manifest['overrides'])}`")
+        elif not s.manifest:
+            lines.append("- (no sweep.json: the last invocation was stopped before writing it)")
         why = setting_note(s.sweep_file)
         if why:
             lines.append(f"- why this setting (the sweep file's comment): {why.removeprefix('Why this setting:').strip()}")
