@@ -181,7 +181,7 @@ def plot_phase_map(results: list[RunResult], path: Path, labels: dict[str, str])
 
 def plot_pass_at_1(results: list[RunResult], path: Path, labels: dict[str, str]) -> Path | None:
     """Held-out pass@1 at the start and the end of RL, per cell (pool x condition) and seed: an
-    arrow from start to end, collapsed runs in red."""
+    arrow from start to end (collapsed runs in red), the evaluations during the run as rings."""
     runs = [r for r in results if r.ok and not (math.isnan(r.eval_start) or math.isnan(r.eval_final))]
     if not runs:
         return None
@@ -199,13 +199,17 @@ def plot_pass_at_1(results: list[RunResult], path: Path, labels: dict[str, str])
             ax.annotate("", xy=(dx, r.eval_final), xytext=(dx, r.eval_start),
                         arrowprops={"arrowstyle": "->", "color": color, "lw": 1.5})
             ax.scatter([dx], [r.eval_start], s=12, color="grey", zorder=3)
+            during = [x["eval/pass@1"] for x in r.records
+                      if x.get("eval/pass@1") is not None and x["step"] < r.steps]
+            ax.scatter([dx] * len(during), during, s=14, facecolors="none", edgecolors="black", lw=0.7,
+                       zorder=3)
             ax.annotate(f"s{r.seed}", (dx, r.eval_final), fontsize=6, xytext=(2, 0),
                         textcoords="offset points")
     ax.set_xticks(range(len(cells)), [f"{p}\n{labels.get(c, c)}" for p, c in cells], fontsize=7)
     ax.set_xlim(-0.6, len(cells) - 0.4)
     ax.set_ylim(0, 1)
     ax.set_ylabel("held-out pass@1")
-    ax.set_title("held-out pass@1, start (grey) -> end of RL per seed (red: collapsed)", fontsize=9)
+    ax.set_title("held-out pass@1, start (grey) -> end per seed (red: collapsed; rings: during)", fontsize=9)
     return _save(plt, fig, path)
 
 

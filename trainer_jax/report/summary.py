@@ -247,6 +247,7 @@ def render_summary(sweeps: list[SweepRuns], doc: Path, figures: dict[str, Path],
         "(every cell that ran, finished or not, plus the warm starts).",
         "",
     ]
+    seen_files: set[Path | None] = set()
     for s in sweeps:
         ok = [r for r in s.results if r.ok]
         steps = sorted({r.steps for r in ok})
@@ -267,10 +268,11 @@ def render_summary(sweeps: list[SweepRuns], doc: Path, figures: dict[str, Path],
             lines.append(f"- shared overrides (the last invocation's): `{' '.join(s.manifest['overrides'])}`")
         elif not s.manifest:
             lines.append("- (no sweep.json: the last invocation was stopped before writing it)")
-        why = setting_note(s.sweep_file)
+        why = setting_note(s.sweep_file) if s.sweep_file not in seen_files else ""
+        seen_files.add(s.sweep_file)
         if why:
             lines.append(f"- why this setting (the sweep file's comment): {why.removeprefix('Why this setting:').strip()}")
-        if s.probe or 0 < len(ok) <= 8:
+        if ok and (s.probe or len(ok) <= 8):
             lines.append("- outcome per cell: " + "; ".join(
                 f"{r.pool}/{r.condition}/seed{r.seed}: {collapse_summary([r])}, k3 {r.trend.label} (slope {fmt(r.trend.slope, '+.3f')}/step, "
                 f"{fmt(r.trend.fold, '.2f')}x over {r.steps} steps), held-out pass@1 {fmt(r.eval_start)} → {fmt(r.eval_final)}"
@@ -281,7 +283,9 @@ def render_summary(sweeps: list[SweepRuns], doc: Path, figures: dict[str, Path],
         miss = [] if s.probe else [m for m in s.missing() if not any(m.split(" (")[0] == x.split(" (")[0] for x in running)]
         if miss:
             lines.append(f"- **not finished** ({len(miss)}): " + ", ".join(miss))
-            lines.append(f"- to finish the grid (finished cells are skipped): `{finish_command(cmd)}`")
+            # A script of several invocations (an archived sweep's command) is rerun whole.
+            again = finish_command(cmd) if cmd.startswith("mixrl-train") else cmd.split(":")[0].split()[0]
+            lines.append(f"- to finish the grid (finished cells are skipped): `{again}`")
         lines.append("")
     notes = reading_notes(grid)
     if notes:
