@@ -316,7 +316,8 @@ def _replace_block(text: str, tag: str, body: str) -> str:
     return pat.sub(lambda m: m.group(1) + body.rstrip() + "\n" + m.group(2), text)
 
 
-def readme_results(sweeps: list[SweepRuns], grid: Grid, doc: Path, readme: Path) -> str:
+def readme_results(sweeps: list[SweepRuns], grid: Grid, doc: Path, readme: Path,
+                   links: list[tuple[str, str]] | None = None) -> str:
     total = sum(s.cell_s for s in sweeps)
     parts = []
     for s in sweeps:
@@ -333,7 +334,9 @@ def readme_results(sweeps: list[SweepRuns], grid: Grid, doc: Path, readme: Path)
         "`python -m trainer_jax.report.summary`): the seed's experiments in sync mode (staleness 0) on the long "
         f"`chain` task — {'; '.join(parts)}; {total / 60:.0f} min of cell time on 2 shared cores in all. "
         f"The seed's claims: {claims}. The numbers behind each verdict, the figures (phase diagram, k3 growth, "
-        "held-out pass@1, claim 4 per policy token), what was cut and the earlier grids are in the document."
+        "held-out pass@1, claim 4 per policy token) and what was cut are in the document"
+        + (("; earlier: " + "; ".join(f"[{t.split(':')[0]}]({_rel(doc.parent / u, readme)})" for t, u in links) + ".")
+           if links else ".")
     )
 
 
@@ -408,7 +411,7 @@ def write_summary(
     doc.write_text(render_summary(sweeps, doc, figures, grid, extra_links or [], regen))
     if readme is not None:
         readme = Path(readme)
-        text = _replace_block(readme.read_text(), "results", readme_results(sweeps, grid, doc, readme))
+        text = _replace_block(readme.read_text(), "results", readme_results(sweeps, grid, doc, readme, extra_links))
         if demo:
             text = _replace_block(text, "demo", demo_block(demo))
         readme.write_text(text)
