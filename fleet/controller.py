@@ -48,7 +48,7 @@ class Controller:
     def __init__(self, fleet: str, trainer: str, token: str, groups: list[dict], *,
                  plan: Mapping[str, int] | None = None, autoscale: bool = False, transfer: str = "auto",
                  python: str = "", tick_s: float = 1.0, autoscale_every_s: float = 60.0,
-                 healthy_s: float = 60.0):
+                 healthy_s: float = 60.0, supervise: bool = True):
         self.fleet, self.trainer, self._token = fleet, trainer, token
         self.transfer, self.python = transfer, python
         self.tick_s, self.autoscale_every_s, self.healthy_s = tick_s, autoscale_every_s, healthy_s
@@ -61,8 +61,10 @@ class Controller:
         self._backoff: dict[str, tuple[int, float]] = {}  # group -> (quick deaths, not before)
         self._signals: dict[str, dict[str, float | None]] = {}
         self._apply(groups, plan, autoscale)
+        # supervise=False (tests): no supervision thread; ticks are called by hand
         self._thread = threading.Thread(target=self._loop, name="mixrl-fleet-controller", daemon=True)
-        self._thread.start()
+        if supervise:
+            self._thread.start()
 
     # ------------------------------------------------------------------ remote methods
 
@@ -95,7 +97,8 @@ class Controller:
         import ray
 
         self._stop.set()
-        self._thread.join(timeout=30)
+        if self._thread.is_alive():
+            self._thread.join(timeout=30)
         with self._lock:
             slots = list(self.slots.values())
             self.slots.clear()

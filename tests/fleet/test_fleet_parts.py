@@ -117,3 +117,44 @@ def test_the_fleet_cli_and_render_load_no_ray_torch_or_jax():
     loaded = set(subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                                 check=True).stdout.split())
     assert "fleet" in loaded and not loaded & {"ray", "torch", "jax"}, loaded & {"ray", "torch", "jax"}
+
+
+def test_the_controller_moves_a_replica_by_the_trainers_status(tmp_path):
+    """The controller's autoscale tick against a real rollout service over gRPC: group a's sampler
+    holds no lease (idle), group b's holds its whole capacity; one replica moves a -> b, and no
+    further once a is at its minimum. Supervision (Ray) is off: only the tick runs."""
+    from fleet.controller import Controller, group_dicts
+    from sampler_torch.client import RolloutClient
+    from trainer_jax.service import RolloutService
+
+    token = "fleet-autoscale-token"
+    groups = [{"name": "a", "recipe": "bf16", "spawn": False, "processes": 2, "min_processes": 1,
+               "max_processes": 2, "capacity": 4, "price_per_hour": 1.0},
+              {"name": "b", "recipe": "bf16", "spawn": False, "processes": 1, "max_processes": 3,
+               "capacity": 4, "price_per_hour": 2.0}]
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({"groups": groups, "service": {"listen": "127.0.0.1:0"},
+                                    "tasks": {"group_size": 2}}))
+    cfg = load_fleet_config(path)
+    svc = RolloutService.from_config(cfg, token=token).start()
+    clients = []
+    try:
+        for g in ("a", "b"):
+            c = RolloutClient(svc.address, token, group=g, capacity=4, name=f"{g}-0")
+            c.register()
+            clients.append(c)
+        assert clients[1].lease(4).tasks
+        assert svc.status()["groups"]["b"]["outstanding"] == 4
+        ctrl = Controller("t", svc.address, token, group_dicts(fleet_groups(cfg)), autoscale=True,
+                          supervise=False)
+        assert ctrl.targets == {"a": 2, "b": 1}
+        ctrl._autoscale()
+        assert ctrl.targets == {"a": 1, "b": 2}, ctrl.events
+        assert "autoscale: one replica a -> b: a is 100% idle" in ctrl.events[-1]
+        assert ctrl._signals["b"]["idle_share"] == 0.0
+        ctrl._autoscale()
+        assert ctrl.targets == {"a": 1, "b": 2}  # a is at min_processes
+    finally:
+        for c in clients:
+            c.close()
+        svc.stop(grace=0)

@@ -51,7 +51,8 @@ def cluster():
     finally:
         if ray.is_initialized():
             ray.shutdown()
-        subprocess.run([str(BIN / "ray"), "stop", "--force"], env=ENV, capture_output=True, timeout=120)
+        subprocess.run([str(BIN / "ray"), "stop", "--force", "--grace-period", "2"], env=ENV,
+                       capture_output=True, timeout=120)
 
 
 def _fleet(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
@@ -115,45 +116,49 @@ def test_fleet_on_a_local_ray_cluster(cluster, tmp_path):
         r = _fleet("status", "--address", cluster, "--name", "fleet-test", timeout=60)
         return r.stdout + r.stderr
 
+    def live(group: str) -> list[str]:
+        return sorted(s["name"] for s in registered().get(group, []) if s["last_seen_s_ago"] < 2)
+
+    def controller_status() -> dict:
+        return ray.get(ray.get_actor("fleet-test", namespace="mixrl").status.remote(), timeout=60)
+
+    phases, t0 = [], time.monotonic()
     try:
         up = _fleet("up", "--config", str(config), "--trainer", address, "--address", cluster,
                     "--weights-transfer", "fetch")
         assert up.returncode == 0, up.stdout + up.stderr
         assert "fleet fleet-test -> trainer" in up.stdout
+        phases.append(("up placed", time.monotonic() - t0))
         # each replica fetched v0 over gRPC, started its sampler, and the sampler registered
-        _wait(lambda: {g: len(v) for g, v in registered().items()} == {"h100": 1, "b200": 1}, 180,
+        _wait(lambda: live("h100") == ["h100-0"] and live("b200") == ["b200-0"], 180,
               "one sampler per group registered", fleet_status)
-        names = {s["name"] for v in registered().values() for s in v}
-        assert names == {"h100-0", "b200-0"}
+        phases.append(("2 samplers registered", time.monotonic() - t0))
         # placed by resource: one H100 and one B200 of the cluster's are taken, half a CPU each
         avail = ray.available_resources()
         assert avail.get("H100") == 1 and avail.get("B200") == 2 and avail.get("CPU") == 1.0, avail
 
-        # kill the h100 replica's actor process: its sampler goes with it, a new replica replaces it
-        st = ray.get(ray.get_actor("fleet-test", namespace="mixrl").status.remote())
-        victim = next(r for r in st["replicas"] if r["name"] == "h100-0")
+        # kill the h100 replica's actor process (its sampler goes with it; a new replica replaces
+        # it) and, meanwhile, scale b200 from 1 to 3 replicas with a plan applied to the fleet
+        victim = next(r for r in controller_status()["replicas"] if r["name"] == "h100-0")
         os.kill(victim["pid"], signal.SIGKILL)
-        _wait(lambda: not psutil.pid_exists(victim["sampler_pid"]), 30, "the victim's sampler to exit")
-        _wait(lambda: [s["name"] for s in registered().get("h100", [])
-                       if s["last_seen_s_ago"] < 2] == ["h100-1"], 180,
-              "h100-1 replacing h100-0", fleet_status)
-        out = fleet_status()
-        assert "replaced 1" in out and "h100-0 dead" in out, out
-
-        # scale b200 from 1 to 3 replicas with a plan applied to the running fleet
         plan = tmp_path / "plan.yaml"
         plan.write_text(yaml.safe_dump({"groups": [
             {"name": "b200", "accelerator": "B200", "processes": 3, "price_per_hour": 5.0}]}))
         up = _fleet("up", "--config", str(config), "--trainer", address, "--address", cluster,
                     "--plan", str(plan), "--weights-transfer", "fetch")
         assert up.returncode == 0 and "re-targeted" in up.stdout, up.stdout + up.stderr
-        _wait(lambda: len([s for s in registered().get("b200", []) if s["last_seen_s_ago"] < 2]) == 3,
-              180, "three b200 samplers", fleet_status)
+        assert not psutil.pid_exists(victim["sampler_pid"])  # went with its actor
+        _wait(lambda: live("h100") == ["h100-1"] and live("b200") == ["b200-0", "b200-1", "b200-2"], 180,
+              "h100-1 replacing h100-0 and three b200 samplers", fleet_status)
+        phases.append(("replaced + scaled, registered", time.monotonic() - t0))
         avail = ray.available_resources()
         assert avail.get("B200", 0) == 0 and avail.get("H100") == 1 and avail.get("CPU", 0) == 0, avail
+        st = controller_status()
+        assert st["replaced"] == 1 and any("h100-0 dead (the actor died" in e for e in st["events"]), st
         out = fleet_status()
         row = next(line.split() for line in out.splitlines() if line.startswith("b200"))
         assert row[:4] == ["b200", "B200", "3", "3"] and row[5] == "3", out  # target, plan, running
+        assert "h100-1" in out and "running" in out
 
         pids = {p.pid for p in _ours(address)}
         assert len(pids) >= 8, pids  # 4 replica actors, 4 samplers (the controller too)
@@ -161,7 +166,10 @@ def test_fleet_on_a_local_ray_cluster(cluster, tmp_path):
         assert down.returncode == 0 and "stopped 4 replicas" in down.stdout, down.stdout + down.stderr
         _wait(lambda: not _ours(address), 30, "no fleet process left",
               lambda: "\n".join(" ".join(p.cmdline()) for p in _ours(address)))
-        assert _fleet("status", "--address", cluster, "--name", "fleet-test").returncode == 1
+        with pytest.raises(ValueError):
+            ray.get_actor("fleet-test", namespace="mixrl")
+        phases.append(("down, nothing left", time.monotonic() - t0))
+        print("phases (s since the first up):", ", ".join(f"{n} {t:.1f}" for n, t in phases))
     finally:
         for p in _ours(address):
             p.kill()
