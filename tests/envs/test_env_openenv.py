@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytest.importorskip("openenv.core.env_server", reason="the openenv extra is not installed")
+pytest.importorskip("openenv.core.env_server", reason="the openenv extra is not installed (or broken: "
+                        "verifiers' mcp 2.0 beside it)", exc_type=ImportError)
 
 from convert.tokenizer import char_tokenizer  # noqa: E402
 from envs import make_env  # noqa: E402
