@@ -39,7 +39,7 @@ from trainer_jax.report.grid import Grid
 from trainer_jax.report.growth import mean_fold
 from trainer_jax.report.longruns import runs_section
 from trainer_jax.report.plots import plot_curves, plot_group_oor, plot_phase
-from trainer_jax.report.runs import RunResult, collect, nanmean
+from trainer_jax.report.runs import REWARD_FLOOR, RunResult, collect, nanmean
 from trainer_jax.report.seed_claims import (
     claims_section,
     collapse_summary,
@@ -169,6 +169,16 @@ def reading_notes(grid: Grid) -> list[str]:
             "Each seed starts RL from its own warm start (same settings, its own initialisation and data): "
             + "; ".join(_seed_start(grid, s) for s in seeds) + ". A seed that starts low has little to lose: "
             "read its collapses against its own starting level."
+        )
+    best = [max((x.get("reward_mean") or 0.0) for x in r.records) for r in grid.ok if r.records]
+    reward_down = [r for r in grid.ok if r.collapse_step is not None]
+    if best and reward_down and statistics.median(best) < 5 * REWARD_FLOOR:
+        notes.append(
+            f"Training rewards here are small (best step of a run: median {statistics.median(best):.3f}), so a reward "
+            f"collapse — the 5-step moving average under half its best, held to the end of the run, once the best "
+            f"cleared {REWARD_FLOOR:g} — is read close to the floor: {len(reward_down)} run(s) collapsed by reward "
+            f"({', '.join(f'{r.pool}/{r.condition}/seed{r.seed} at step {r.collapse_step}, held-out pass@1 {fmt(r.eval_start)} → {fmt(r.eval_final)}' for r in reward_down)}); "
+            "the held-out pass rates beside them say whether the policy itself fell."
         )
     if any(not math.isnan(r.sigma) for r in grid.ok):
         notes.append(
