@@ -16,7 +16,10 @@ memory knob, ``train.micro_rows`` (rows through the model one at a time), is mea
 
 ``--long`` (issue 33, context parallelism): one row of 65,536 / 131,072 / 262,144 tokens, full
 remat, on ``context`` 1 (one device), 4 and 8 (a mesh of that many devices; the weights and AdamW
-state split over ``context`` too, ``mesh.rules: {embed: [fsdp, context]}``),
+state split over ``context`` too, ``mesh.rules: {embed: [fsdp, context]}``), attention in the
+ring form (``mesh.context_attention: ring``, the default) and, at 262,144 tokens, the all-gather
+form beside it (``--long-only 262144x8xring,32768x1`` measures just those rows, keeping the rest
+from ``--reuse``),
 plus one 32,768-token row on one device (the goal: context 8 at 262,144 tokens needs no more per
 device than that), and a projection of the longest row per device for Qwen3-8B and
 Qwen3-30B-A3B on 80 GB cards (``project``). Every row of the JSON carries one integer field per
@@ -67,7 +70,8 @@ ROWS = 4
 
 
 def measure(qcfg: Qwen3Config, row_len: int, remat: str, mesh_axes: dict | None,
-            micro_rows: int | None = None, rows: int = ROWS, overrides: dict | None = None) -> dict:
+            micro_rows: int | None = None, rows: int = ROWS, overrides: dict | None = None,
+            context_attention: str = "ring") -> dict:
     if mesh_axes is None:
         mesh = make_mesh(devices=jax.devices()[:1])
     else:  # a mesh of exactly the devices the axes name (context 4: 4 of the 8 devices)
@@ -79,13 +83,15 @@ def measure(qcfg: Qwen3Config, row_len: int, remat: str, mesh_axes: dict | None,
     t0 = time.perf_counter()
     compiled = Learner.compile_abstract(
         lambda: init_model(qcfg, dtype=jnp.bfloat16, param_dtype=jnp.float32, remat=remat),
-        OptimizerConfig(), ObjectiveConfig(), mesh, rules, inputs, batch, micro_rows=micro_rows)
+        OptimizerConfig(), ObjectiveConfig(), mesh, rules, inputs, batch, micro_rows=micro_rows,
+        context_attention=context_attention)
     memory = compiled_memory(compiled)
     # The batch's rows are split over the batch axes (replicated over tensor).
     batch_shards = math.prod(mesh.shape[a] for a in ("data", "fsdp", "expert"))
     batch_bytes = sum(x.nbytes for x in jax.tree.leaves((inputs, batch))) // batch_shards
     return {"row_len": row_len, "rows": rows, "remat": remat, "micro_rows": micro_rows,
             **({"rules": overrides} if overrides else {}),
+            **({"context_attention": context_attention} if mesh.shape["context"] > 1 else {}),
             "mesh": describe(mesh), **{a: int(mesh.shape[a]) for a in mesh.axis_names},
             "devices": mesh.size,
             "compile_s": round(time.perf_counter() - t0, 1), "xla": memory,
@@ -102,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="an earlier JSON: its rows for modes not measured now are copied")
     p.add_argument("--long", action="store_true",
                    help="one long row (65,536-262,144 tokens) over context 1 / 4 / 8, full remat")
+    p.add_argument("--long-only", default=None,
+                   help="with --long: only these rows, e.g. 262144x8xring,32768x1 (the rest reused)")
     args = p.parse_args(argv)
     if args.long:
         return long_rows(args, argv)
@@ -181,32 +189,49 @@ SHAPE_06B = dict(layers=28, hidden=1024, mlp=3072, kv=8 * 128, vocab=151_936, pa
 
 
 def long_rows(args: argparse.Namespace, argv: list[str] | None) -> int:
-    """The ``--long`` measurement (module docstring); rows appended to ``--reuse``'s, if given."""
+    """The ``--long`` measurement (module docstring); rows appended to ``--reuse``'s, if given.
+
+    An earlier ``--long`` row in ``--reuse`` is kept (marked ``reused_from``) until this run
+    measures it again, so a run cut short still leaves the whole grid (the JSON names which rows
+    are fresh). Rows from before ring attention carry no ``context_attention``: all-gather."""
     qcfg = Qwen3Config(**QWEN3_06B)
     rows: list[dict] = []
     old: dict = {}
+    long_old: dict[tuple, dict] = {}
     if args.reuse:
         old = json.loads(Path(args.reuse).read_text())
         for r in old["results"]:
-            if r.get("rows", ROWS) == 1:
-                continue  # an earlier --long row: measured again now
             axes = dict(kv.split("=") for kv in r["mesh"].split())
-            rows.append({**r, **{a: int(axes.get(a, 1)) for a in ("data", "fsdp", "expert", "context",
-                                                                   "tensor")}, "rows": r.get("rows", ROWS)})
+            r = {**r, **{a: int(axes.get(a, 1)) for a in ("data", "fsdp", "expert", "context", "tensor")},
+                 "rows": r.get("rows", ROWS)}
+            if r["rows"] == 1:  # an earlier --long row: kept until measured again now
+                if r["context"] > 1:
+                    r.setdefault("context_attention", "all_gather")
+                r.setdefault("reused_from", old.get("measured_long", args.reuse))
+                long_old[_long_key(r)] = r
+            else:
+                rows.append(r)
     # The goal's rows and the fit's first; the JSON is rewritten after every row, so a run cut
     # short keeps what it measured (the summary then covers what is there).
-    plan = [(LONG_LENGTHS[-1], 8), (LONG_LENGTHS[-1], 4), (LONG_LENGTHS[0], 8), (BASELINE_LEN, 1),
-            (LONG_LENGTHS[-1], 1), (LONG_LENGTHS[1], 8), (LONG_LENGTHS[1], 4), (LONG_LENGTHS[0], 4),
-            (LONG_LENGTHS[1], 1), (LONG_LENGTHS[0], 1)]
-    for row_len, context in plan:
+    t_max = LONG_LENGTHS[-1]
+    plan = [(t_max, 8, "ring"), (BASELINE_LEN, 1, None), (t_max, 8, "all_gather"), (t_max, 4, "ring"),
+            (LONG_LENGTHS[0], 8, "ring"), (t_max, 4, "all_gather"), (LONG_LENGTHS[1], 8, "ring"),
+            (LONG_LENGTHS[1], 4, "ring"), (LONG_LENGTHS[0], 4, "ring"), (t_max, 1, None),
+            (LONG_LENGTHS[1], 1, None), (LONG_LENGTHS[0], 1, None)]
+    if args.long_only:
+        wanted = {tuple(int(x) for x in item.split("x")[:2]) + ((item.split("x") + [None])[2],)
+                  for item in args.long_only.split(",")}
+        plan = [p for p in plan if (p[0], p[1], p[2]) in wanted or (p[0], p[1], None) in wanted]
+    summary = old.get("summary", {})
+    for row_len, context, form in plan:
         # Context meshes also split the weights and AdamW state over context (ZeRO, as FSDP does).
         r = measure(qcfg, row_len, "full", None if context == 1 else dict(context=context), rows=1,
-                    overrides=None if context == 1 else ZERO_OVER_CONTEXT)
-        rows.append(r)
-        print(f"{row_len:>7} tokens  1 row  context {context}  temp "
+                    overrides=None if context == 1 else ZERO_OVER_CONTEXT, context_attention=form or "ring")
+        long_old[_long_key(r)] = r
+        print(f"{row_len:>7} tokens  1 row  context {context} {form or '':<10}  temp "
               f"{r['temp_bytes_per_device'] / 2**30:7.2f} GiB  state "
               f"{r['state_bytes_per_device'] / 2**30:6.2f} GiB  (compile {r['compile_s']} s)", flush=True)
-        long = [r for r in rows if r["rows"] == 1]
+        long = list(long_old.values())
         try:
             summary = {**old.get("summary", {}), **context_summary(long)}
         except KeyError:  # not all the rows the fit needs yet
@@ -215,7 +240,7 @@ def long_rows(args: argparse.Namespace, argv: list[str] | None) -> int:
                   "command": " ".join(["benchmarks/bench_train_memory.py", *(argv or sys.argv[1:])]),
                   "measured_long": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                   "model": QWEN3_06B, "commit_long": _commit(), "jax": jax.__version__,
-                  "machine": platform.machine(), "results": rows, "summary": summary}
+                  "machine": platform.machine(), "results": rows + long, "summary": summary}
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps({k: summary.get(k) for k in ("context_goal", "context_fit_06b", "projection_80gb")},
@@ -223,10 +248,18 @@ def long_rows(args: argparse.Namespace, argv: list[str] | None) -> int:
     return 0
 
 
+def _long_key(r: dict) -> tuple:
+    return r["row_len"], r["context"], r.get("context_attention") if r["context"] > 1 else None
+
+
 def context_summary(long: list[dict]) -> dict:
     """The goal, the per-token slope of temporaries over a device's share of the row, and the
-    projection for the larger shapes."""
-    temp = {(r["row_len"], r["context"]): r["temp_bytes_per_device"] for r in long}
+    projection for the larger shapes; all from the ring form (the default) and the one-device
+    rows, with the all-gather form's figures beside them."""
+    temp = {(r["row_len"], r["context"]): r["temp_bytes_per_device"] for r in long
+            if r.get("context_attention", "ring") == "ring"}
+    gathered = {(r["row_len"], r["context"]): r["temp_bytes_per_device"] for r in long
+                if r.get("context_attention") == "all_gather"}
     base = temp[(BASELINE_LEN, 1)]
     goal = temp[(LONG_LENGTHS[-1], 8)]
     # temp(T, C) ~ fixed + slope * T / C + kv * T: fitted on context 8 and 4 at the longest row.
@@ -235,11 +268,15 @@ def context_summary(long: list[dict]) -> dict:
     kv = max(0.0, (temp[(t, 8)] - temp[(LONG_LENGTHS[0], 8)] - slope * (t - LONG_LENGTHS[0]) / 8)
              / (t - LONG_LENGTHS[0]))
     fixed = temp[(t, 8)] - slope * t / 8 - kv * t
+    gib = lambda table: {f"{t_} x context {c}": round(v / 2**30, 2) for (t_, c), v in sorted(table.items())}
     return {
         "context_goal": {"temp_gib_262144_context_8": round(goal / 2**30, 2),
-                         "temp_gib_32768_one_device": round(base / 2**30, 2), "met": goal <= base},
-        "context_temp_gib": {f"{t_} x context {c}": round(v / 2**30, 2)
-                             for (t_, c), v in sorted(temp.items())},
+                         "temp_gib_32768_one_device": round(base / 2**30, 2), "met": goal <= base,
+                         "context_attention": "ring",
+                         **({"temp_gib_262144_context_8_all_gather": round(gathered[(t, 8)] / 2**30, 2)}
+                            if (t, 8) in gathered else {})},
+        "context_temp_gib": gib(temp),
+        "context_temp_gib_all_gather": gib(gathered),
         "context_fit_06b": {"fixed_gib": round(fixed / 2**30, 2), "bytes_per_device_token": round(slope),
                             "kv_bytes_per_row_token": round(kv)},
         "projection_80gb": {name: project(shape, fixed, slope, kv) for name, shape in PROJECT.items()},
