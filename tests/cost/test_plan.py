@@ -200,7 +200,8 @@ def test_dial_limits_from_the_committed_report(monkeypatch):
     monkeypatch.chdir(ROOT)  # the generator's command and labels name the report as given
     committed = yaml.safe_load(Path("docs/results/limits_dial.yaml").read_text())
     doc = limits_from([Path("docs/results_dial.md")], committed["generated_by"])
-    assert doc == committed  # the committed file is the generator's output on the committed report
+    # The committed file is the generator's output on the committed report.
+    assert doc == committed, "docs/results_dial.md changed: rerun python -m trainer_jax.report.limits"
     # SC + MIS stayed bounded up to sigma 1.0 (mean k3 0.156, out-of-range 3.2 %); sigma 3.0 had a
     # held-out collapse in seed 1.
     assert doc["max_k3"] == pytest.approx(0.156) and doc["max_out_of_range"] == pytest.approx(0.032)
