@@ -74,8 +74,27 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _reachable(address: str, timeout_s: float = 5.0) -> str | None:
+    """Why ``HOST:PORT`` (or ``ray://HOST:PORT``) takes no TCP connection, or None. ``ray.init``
+    on an address where nothing listens retries for minutes; this answers in seconds."""
+    import socket
+
+    host, sep, port = address.split("://", 1)[-1].rpartition(":")
+    if not sep or not port.isdigit():
+        return None  # "auto", or a form ray.init parses itself
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        return e.strerror or type(e).__name__
+    return None
+
+
 def _connect(address: str):
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    why = _reachable(address)
+    if why:
+        raise FleetError(f"no Ray cluster at --address {address} ({why}): start one with `ray start "
+                         "--head` or pass its address")
     import ray
 
     try:

@@ -2,6 +2,7 @@
 the replica's environment (the GPU Ray gave it), the autoscaler's decisions on real Status
 messages, and the seam: the trainer process never imports the fleet or Ray."""
 
+import socket
 import subprocess
 import sys
 
@@ -158,3 +159,18 @@ def test_the_controller_moves_a_replica_by_the_trainers_status(tmp_path):
         for c in clients:
             c.close()
         svc.stop(grace=0)
+
+
+def test_no_cluster_or_no_token_is_one_line_and_exit_2(config, capsys, monkeypatch):
+    """Nothing listening at --address: refused in seconds (ray.init alone retries for minutes)."""
+    from fleet.cli import main
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens there
+    assert main(["status", "--address", f"127.0.0.1:{port}"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"no Ray cluster at --address 127.0.0.1:{port}" in err, err
+    monkeypatch.delenv("MIXRL_TOKEN", raising=False)
+    assert main(["up", "--config", str(config), "--trainer", "t:1", "--address", f"127.0.0.1:{port}"]) == 2
+    assert "no bearer token" in capsys.readouterr().err
