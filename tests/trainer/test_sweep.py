@@ -244,8 +244,8 @@ def test_report_from_synthetic_runs(tmp_path, collapses):
     assert "| GRPO | mixed | 1/1 |" in text and "| SC + MIS | homogeneous | 1/1 |" in text
     # The KL ratio mixed/homogeneous is computed from the runs (4e-3 / 1e-3).
     assert "| 4.00 |" in text and "4.0x the homogeneous" in text
-    # Attribution: fp8 has half the samples and all the out-of-range tokens.
-    assert "| fp8 | 0.500 | 1.000 |" in text
+    # Attribution: fp8 has half the samples, half the policy tokens and all the out-of-range tokens.
+    assert "| fp8 | 0.500 | 0.500 | 1.000 |" in text and "| 2.00 |" in text
     if collapses:
         assert "reproduced** in 1/1 seeds" in text
     else:

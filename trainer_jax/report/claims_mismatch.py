@@ -60,15 +60,16 @@ def mixed_kl_is_larger(grid: Grid) -> str | None:
 
 
 def _overrepresentation(v: dict[str, float]) -> float | None:
-    """A group's out-of-range share over its sample share (None where undefined)."""
-    if v["sample_share"] and not math.isnan(v["oor_share"]):
-        return v["oor_share"] / v["sample_share"]
+    """A group's out-of-range share over its policy-token share (None where undefined): the unit
+    of ``seed_claims.CLAIM4_UNIT`` (out-of-range is counted per token; replies differ in length)."""
+    if v["token_share"] and not math.isnan(v["token_share"]) and not math.isnan(v["oor_share"]):
+        return v["oor_share"] / v["token_share"]
     return None
 
 
 def out_of_range_attribution(grid: Grid) -> str | None:
     """Claim 5: which group of the mixed pool produces more out-of-range tokens than its share of the
-    samples (or, with no out-of-range token at all, which has the largest k3)."""
+    policy tokens (or, with no out-of-range token at all, which has the largest k3)."""
     mixed_runs = [r for r in grid.ok if r.pool == "mixed"]
     if not mixed_runs:
         return None
@@ -81,7 +82,7 @@ def out_of_range_attribution(grid: Grid) -> str | None:
         return (
             f"{_CLAIM_5} — not observed here**: every group's share "
             f"of out-of-range tokens is within {fmt(min(ratios), '.2f')}–{fmt(max(ratios), '.2f')}x its "
-            f"share of samples (largest: `{g}`). Over these runs most out-of-range tokens come from a "
+            f"share of policy tokens (largest: `{g}`). Over these runs most out-of-range tokens come from a "
             "mismatch all groups share (stale weights), which spreads them in proportion to volume; "
             "see the k3-at-start column of the main table for the precision part alone."
         )
@@ -94,8 +95,8 @@ def out_of_range_attribution(grid: Grid) -> str | None:
             f"mean k3, {fmt(top[1]['k3'], '.2e')}."
         )
     return (
-        f"{_CLAIM_5}** — here the most over-represented group is `{g}`: it produced {fmt(100 * v['sample_share'], '.0f')} % "
-        f"of the samples and {fmt(100 * v['oor_share'], '.0f')} % of the out-of-range tokens "
+        f"{_CLAIM_5}** — here the most over-represented group is `{g}`: it produced {fmt(100 * v['token_share'], '.0f')} % "
+        f"of the policy tokens ({fmt(100 * v['sample_share'], '.0f')} % of the samples) and {fmt(100 * v['oor_share'], '.0f')} % of the out-of-range tokens "
         f"(mean k3 {fmt(v['k3'], '.2e')}); see the attribution table for every group."
     )
 

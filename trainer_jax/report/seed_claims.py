@@ -191,6 +191,11 @@ def group_kl_points(results: list[RunResult]) -> list[dict]:
     return points
 
 
+def _times(v: float) -> str:
+    """``1.82x``, or ``–`` where undefined."""
+    return "–" if math.isnan(v) else f"{v:.2f}x"
+
+
 def over_representation(oor_share: float, token_share: float) -> float:
     """A group's out-of-range share over its policy-token share (NaN when either is missing or the
     group scored no tokens)."""
@@ -241,8 +246,8 @@ def claim_concentration(grid: Grid) -> Claim:
         ok.append(top is most and top["over"] >= CONCENTRATION)
         parts.append(
             f"{pool}: largest-KL group `{top['group']}` (k3 {top['k3']:.2e}) gave {100 * top['oor_share']:.0f} % of the "
-            f"out-of-range tokens from {100 * top['token_share']:.0f} % of the policy tokens ({fmt(top['over'], '.2f')}x; "
-            f"{100 * top['sample_share']:.0f} % of the samples); most over-represented: `{most['group']}` ({fmt(most['over'], '.2f')}x); "
+            f"out-of-range tokens from {100 * top['token_share']:.0f} % of the policy tokens ({_times(top['over'])}; "
+            f"{100 * top['sample_share']:.0f} % of the samples); most over-represented: `{most['group']}` ({_times(most['over'])}); "
             f"rank correlation of group k3 and over-representation over {len(ps)} groups {fmt(rho, '+.2f')}"
         )
     verdict = REPRODUCED if all(ok) else NOT_REPRODUCED
@@ -320,7 +325,7 @@ def group_kl_section(grid: Grid) -> list[str]:
     for p in points:
         lines.append(
             f"| {p['pool']} | {p['group']} | {fmt(p['sample_share'])} | {fmt(p['token_share'])} | {fmt(p['oor_share'])} | "
-            f"{fmt(p['over'], '.2f')}x | {fmt(p['oor_rate'], '.4f')} | {fmt(p['k3'], '.2e')} |"
+            f"{_times(p['over'])} | {fmt(p['oor_rate'], '.4f')} | {fmt(p['k3'], '.2e')} |"
         )
     return lines + [""]
 

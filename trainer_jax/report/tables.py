@@ -126,27 +126,31 @@ def figures_section(figures: list[Path], doc_path: Path) -> list[str]:
 
 
 def attribution_section(results: list[RunResult]) -> list[str]:
-    """Per sampler group of the mixed pool (all conditions and seeds pooled): sample share vs
-    out-of-range share, out-of-range rate, mean k3."""
+    """Per sampler group of the mixed pool (all conditions and seeds pooled): sample and policy-token
+    shares vs out-of-range share (over-representation per policy token, as claim 4 counts it in
+    ``seed_claims.CLAIM4_UNIT``), out-of-range rate, mean k3."""
     mixed_runs = [r for r in results if r.pool == "mixed" and r.ok]
     if not mixed_runs:
         return []
     lines = [
         "## Per-group attribution (mixed pool, all conditions and seeds pooled)",
         "",
-        "Share of the trained samples each sampler group produced vs its share of the out-of-range "
-        "tokens (r outside [c_min, c_max]) and its own token-weighted k3. A group whose out-of-range "
-        "share exceeds its sample share contributes more mismatch than its volume (the seed "
-        "write-up's H100 FP8 group: 10 % of samples, 29 % of out-of-range tokens).",
+        "Share of the trained samples and of the scored policy tokens each sampler group produced vs "
+        "its share of the out-of-range tokens (r outside [c_min, c_max]) and its own token-weighted k3. "
+        "A group whose out-of-range share exceeds its policy-token share contributes more mismatch than "
+        "its volume; tokens, not samples, because out-of-range is counted per token and replies differ in "
+        "length (the seed write-up's H100 FP8 group, quoted per sample: 10 % of samples, 29 % of "
+        "out-of-range tokens).",
         "",
-        "| group | sample share | out-of-range share | out-of-range rate | mean k3 | oor share / sample share |",
-        "|---|---|---|---|---|---|",
+        "| group | sample share | policy-token share | out-of-range share | out-of-range rate | mean k3 | "
+        "oor share / policy-token share |",
+        "|---|---|---|---|---|---|---|",
     ]
     for g, v in pooled_attribution(mixed_runs).items():
-        ratio = v["oor_share"] / v["sample_share"] if v["sample_share"] else math.nan
+        ratio = v["oor_share"] / v["token_share"] if v["token_share"] else math.nan
         lines.append(
-            f"| {g} | {fmt(v['sample_share'])} | {fmt(v['oor_share'])} | {fmt(v['oor_rate'], '.4f')} | "
-            f"{fmt(v['k3'], '.2e')} | {fmt(ratio, '.2f')} |"
+            f"| {g} | {fmt(v['sample_share'])} | {fmt(v['token_share'])} | {fmt(v['oor_share'])} | "
+            f"{fmt(v['oor_rate'], '.4f')} | {fmt(v['k3'], '.2e')} | {fmt(ratio, '.2f')} |"
         )
     return lines + [""]
 
