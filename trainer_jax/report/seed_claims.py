@@ -213,24 +213,31 @@ def _spearman(x: list[float], y: list[float]) -> float:
     return float(np.corrcoef(rx, ry)[0, 1])
 
 
-def claim_concentration(grid: Grid) -> Claim:
-    title = "Out-of-range tokens concentrate in the groups with the largest KL (seed: 10 % of samples, 29 % of them)"
-    points = group_kl_points(grid.results)
-    pools = {}
+def judged_pools(grid: Grid, points: list[dict]) -> dict[str, list[dict]]:
+    """The pools claim 4 can judge, with their group points: sampler groups that differ in numerics
+    (by their configured recipes when known, else by k3 >= ``KL_SPREAD`` apart) and out-of-range
+    tokens to attribute."""
+    pools: dict[str, list[dict]] = {}
     for p in points:
         pools.setdefault(p["pool"], []).append(p)
     recipes = {pool: {g: v for r in grid.ok if r.pool == pool for g, v in r.group_recipes.items()} for pool in pools}
 
     def differ(pool: str, ps: list[dict]) -> bool:
-        """Groups that differ in numerics: by their configured recipes when known, else by k3."""
         if recipes[pool]:
             return len(set(recipes[pool].values())) > 1
         return min(p["k3"] for p in ps) > 0 and max(p["k3"] for p in ps) >= KL_SPREAD * min(p["k3"] for p in ps)
 
-    spread = {
+    return {
         pool: ps for pool, ps in pools.items()
         if differ(pool, ps) and not any(math.isnan(p["oor_share"]) for p in ps)
     }
+
+
+def claim_concentration(grid: Grid) -> Claim:
+    title = "Out-of-range tokens concentrate in the groups with the largest KL (seed: 10 % of samples, 29 % of them)"
+    points = group_kl_points(grid.results)
+    pools = {p["pool"] for p in points}
+    spread = judged_pools(grid, points)
     same = sorted(set(pools) - set(spread))
     if not spread:
         return Claim(4, title, NOT_OBSERVABLE, (
@@ -332,5 +339,5 @@ def group_kl_section(grid: Grid) -> list[str]:
 
 __all__ = [
     "CLAIM4_UNIT", "CONCENTRATION", "Claim", "NOT_OBSERVABLE", "NOT_REPRODUCED", "REPRODUCED", "claims_section",
-    "group_kl_points", "group_kl_section", "growth_section", "over_representation", "verdicts",
+    "group_kl_points", "group_kl_section", "growth_section", "judged_pools", "over_representation", "verdicts",
 ]

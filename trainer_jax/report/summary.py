@@ -46,6 +46,7 @@ from trainer_jax.report.seed_claims import (
     group_kl_points,
     group_kl_section,
     growth_section,
+    judged_pools,
     verdicts,
 )
 from trainer_jax.report.tables import fmt
@@ -411,7 +412,9 @@ def write_summary(
         "phase": plot_phase_map(results, fig_dir / "phase_map.png", labels),
         "growth": plot_growth_fit(results, fig_dir / "growth.png", labels),
         "pass1": plot_pass_at_1(results, fig_dir / "pass_at_1.png", labels),
-        "oor_tokens": plot_oor_vs_tokens(points, fig_dir / "oor_vs_tokens.png"),
+        # the pools claim 4 judges: a bf16-only pool's few out-of-range tokens are noise
+        "oor_tokens": plot_oor_vs_tokens([p for ps in judged_pools(grid, points).values() for p in ps],
+                                         fig_dir / "oor_vs_tokens.png"),
         "group_oor_vs_kl": plot_group_oor(points, fig_dir / "group_oor_vs_kl.png"),
         "dial_phase": plot_phase(results, fig_dir / "phase.png", labels),
     }
