@@ -291,7 +291,7 @@ def render_summary(sweeps: list[SweepRuns], doc: Path, figures: dict[str, Path],
         running = s.in_progress()
         if running:
             lines.append("- **started, not finished** (not in the numbers below): " + ", ".join(running))
-        miss = [] if s.probe else [m for m in s.missing() if not any(m.split(" (")[0] == x.split(" (")[0] for x in running)]
+        miss = [] if s.probe and not s.note else [m for m in s.missing() if not any(m.split(" (")[0] == x.split(" (")[0] for x in running)]
         if miss:
             lines.append(f"- **not finished** ({len(miss)}): " + ", ".join(miss))
             # A script of several invocations (an archived sweep's command) is rerun whole.
