@@ -56,8 +56,11 @@ class Replica:
         self.python = python or default_python()
         self.transfer, self.fetch_timeout_s = transfer, fetch_timeout_s
         safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in f"{fleet}/{name}")
-        self.dir = Path(tempfile.gettempdir()) / "mixrl-fleet" / safe
+        root = Path(tempfile.gettempdir()) / "mixrl-fleet"
+        self.dir = root / safe
         self.dir.mkdir(parents=True, exist_ok=True)
+        (self.dir / "pid").write_text(str(os.getpid()))
+        remove_stale(root, keep=self.dir)
         self.token_file = self.dir / "token"
         fd = os.open(self.token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
@@ -137,6 +140,31 @@ class Replica:
             self.state_, self.detail = "dead", "stopped"
         shutil.rmtree(self.dir, ignore_errors=True)
         return code
+
+
+def remove_stale(root: Path, keep: Path) -> list[Path]:
+    """Remove the directories (token, initial weights, cache) of replicas on this node whose
+    actor process is gone: a SIGKILLed or lost actor never ran its ``stop``. Returns them."""
+    gone = []
+    for d in root.iterdir() if root.is_dir() else []:
+        try:
+            pid = int((d / "pid").read_text())
+        except (OSError, ValueError):
+            continue
+        if d != keep and not _alive(pid):
+            shutil.rmtree(d, ignore_errors=True)
+            gone.append(d)
+    return gone
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _node_id() -> str:

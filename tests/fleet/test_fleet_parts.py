@@ -2,6 +2,7 @@
 the replica's environment (the GPU Ray gave it), the autoscaler's decisions on real Status
 messages, and the seam: the trainer process never imports the fleet or Ray."""
 
+import os
 import socket
 import subprocess
 import sys
@@ -10,7 +11,7 @@ import pytest
 import yaml
 
 from fleet.autoscale import GroupSignal, decide, read_status, smooth
-from fleet.replica import replica_env, sampler_command
+from fleet.replica import remove_stale, replica_env, sampler_command
 from fleet.spec import FleetError, fleet_groups, load_fleet_config, read_token
 from mixrl_wire import pb
 from mixrl_wire.devices import resolve_device
@@ -174,3 +175,17 @@ def test_no_cluster_or_no_token_is_one_line_and_exit_2(config, capsys, monkeypat
     monkeypatch.delenv("MIXRL_TOKEN", raising=False)
     assert main(["up", "--config", str(config), "--trainer", "t:1", "--address", f"127.0.0.1:{port}"]) == 2
     assert "no bearer token" in capsys.readouterr().err
+
+
+def test_a_killed_replicas_files_are_removed_by_the_next_one_on_the_node(tmp_path):
+    """A SIGKILLed actor never runs ``stop``: its token and weights stay until a replica on the
+    same node starts and sees its pid gone."""
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    for name, pid in (("gone", dead.pid), ("alive", os.getpid()), ("new", os.getpid())):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "pid").write_text(str(pid))
+        (tmp_path / name / "token").write_text("secret")
+    (tmp_path / "other").mkdir()  # not a replica's: left alone
+    assert remove_stale(tmp_path, keep=tmp_path / "new") == [tmp_path / "gone"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["alive", "new", "other"]

@@ -5,10 +5,12 @@ leaving no Ray worker and no sampler behind."""
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -35,15 +37,27 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _ray_daemons() -> list[psutil.Process]:
+    out = []
+    for p in psutil.process_iter(["name"]):
+        if p.info["name"] in ("raylet", "gcs_server"):
+            out.append(p)
+    return out
+
+
 @pytest.fixture(scope="module")
 def cluster():
-    """`ray start --head` on loopback with 2 CPUs, 2 H100 and 3 B200 (custom resources); `ray stop`
-    at the end whatever happened."""
+    """`ray start --head` on loopback with 2 CPUs, 2 H100 and 3 B200 (custom resources) and its own
+    temp dir; `ray stop` at the end whatever happened. Skipped where a Ray cluster already runs:
+    `ray stop` stops every Ray process of the machine, and that one is not ours."""
+    if _ray_daemons():
+        pytest.skip("a Ray cluster already runs on this machine; the test's `ray stop` would stop it")
     port = _free_port()
+    temp = tempfile.mkdtemp(prefix="mxray", dir="/tmp")  # short: Ray's socket paths live under it
     cmd = [str(BIN / "ray"), "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(port),
            "--num-cpus", "2", "--object-store-memory", "500000000",
            "--resources", json.dumps({"H100": 2, "B200": 3}), "--disable-usage-stats",
-           "--include-dashboard=false"]
+           "--include-dashboard=false", "--temp-dir", temp]
     try:
         subprocess.run(cmd, env=ENV, check=True, capture_output=True, text=True, timeout=120)
         ray.init(address=f"127.0.0.1:{port}", namespace="mixrl", log_to_driver=False)
@@ -53,6 +67,8 @@ def cluster():
             ray.shutdown()
         subprocess.run([str(BIN / "ray"), "stop", "--force", "--grace-period", "2"], env=ENV,
                        capture_output=True, timeout=120)
+        shutil.rmtree(temp, ignore_errors=True)
+        assert not _ray_daemons(), "ray stop left Ray running"
 
 
 def _fleet(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
