@@ -86,6 +86,14 @@ def _wait(cond, timeout: float, what: str, logs=lambda: ""):
     raise AssertionError(f"timed out waiting for {what}\n{logs()}")
 
 
+def _gone(pid: int) -> bool:
+    """Exited (a zombie nobody reaped yet counts: where PID 1 does not reap, it stays one)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
 def _ours(address: str) -> list[psutil.Process]:
     """Ray workers running a fleet actor, and sampler processes joined to ``address``."""
     out = []
@@ -163,7 +171,7 @@ def test_fleet_on_a_local_ray_cluster(cluster, tmp_path):
         up = _fleet("up", "--config", str(config), "--trainer", address, "--address", cluster,
                     "--plan", str(plan), "--weights-transfer", "fetch")
         assert up.returncode == 0 and "re-targeted" in up.stdout, up.stdout + up.stderr
-        assert not psutil.pid_exists(victim["sampler_pid"])  # went with its actor
+        _wait(lambda: _gone(victim["sampler_pid"]), 30, "the victim's sampler to go with its actor")
         _wait(lambda: live("h100") == ["h100-1"] and live("b200") == ["b200-0", "b200-1", "b200-2"], 180,
               "h100-1 replacing h100-0 and three b200 samplers", fleet_status)
         phases.append(("replaced + scaled, registered", time.monotonic() - t0))
