@@ -94,7 +94,8 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
 }
 LATER = {"sandbox", "rewards", "router"}
 # Survivors judged equivalent (no test can tell them apart), each with why: [{"file", "code" (the
-# line, stripped), "mutant" (the mutated line, or "*": any mutant of that line), "why"}].
+# line, stripped), "mutant" (the mutated line, or "*": any mutant of that line), "why"}], and
+# "line" where the same code stands on more than one line of the file.
 EQUIVALENT = Path(__file__).with_name("mutate_equivalent.json")
 PYTEST = "-m pytest -x -q -p no:cacheprovider -m 'not slow and not gpu'"
 
@@ -237,8 +238,16 @@ def report(db: Path, name: str, meta: dict) -> dict:
     from cosmic_ray.work_item import TestOutcome, WorkerOutcome
 
     counts = {"killed": 0, "survived": 0, "equivalent": 0, "timeout": 0, "incompetent": 0, "pending": 0}
-    known = {(e["file"], e["code"], e["mutant"]): e["why"]
-             for e in json.loads(EQUIVALENT.read_text())} if EQUIVALENT.exists() else {}
+    known: dict[tuple[str, str, str], list[dict]] = {}
+    for e in json.loads(EQUIVALENT.read_text()) if EQUIVALENT.exists() else []:
+        known.setdefault((e["file"], e["code"], e["mutant"]), []).append(e)
+
+    def judged(path: str, code: str, mutant: str, line: int) -> str | None:
+        """The reason a listed entry gives (an entry with a "line" only for that line: the same
+        code can stand on two lines of a file, one of them tested)."""
+        return next((e["why"] for key in ((path, code, mutant), (path, code, "*"))
+                     for e in known.get(key, ()) if e.get("line", line) == line), None)
+
     survivors = []
     with use_db(str(db), WorkDB.Mode.open) as work_db:
         total = work_db.num_work_items
@@ -255,7 +264,7 @@ def report(db: Path, name: str, meta: dict) -> dict:
             elif r.test_outcome == TestOutcome.SURVIVED:
                 line, mutant = _changed_lines(r.diff)
                 path = str(m.module_path)
-                why = known.get((path, line, mutant)) or known.get((path, line, "*")) or (
+                why = judged(path, line, mutant, m.start_pos[0]) or (
                     "inside an annotation, never evaluated (from __future__ import annotations)"
                     if any(lo <= tuple(m.start_pos) < hi for lo, hi in _annotation_spans(
                         db.parent.parent / "clone", meta["commit"], path)) else None)
