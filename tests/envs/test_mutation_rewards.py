@@ -4,9 +4,13 @@ Real worker processes over their real pipes; each test a second or two."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -86,3 +90,68 @@ def test_nested_results_deeper_than_the_limit_are_refused():
     deep_dict = {"$": "tuple", "v": [nested]}
     with pytest.raises(ValueError, match="nested too deeply"):
         decode(deep_dict)
+
+
+def _worker_answers(request_file: Path) -> str:
+    """What a reward worker answers to the requests in ``request_file`` (its stdin), then EOF."""
+    with request_file.open("rb") as stdin:
+        out = subprocess.run([sys.executable, "-m", "envs.rewards.worker"], stdin=stdin, capture_output=True,
+                             cwd=Path(__file__).parents[2], timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout.decode()
+
+
+@pytest.mark.slow  # 36 s here under load: reading a 65 MiB line copies it again at every read
+def test_a_request_line_past_64_mib_is_refused(tmp_path):
+    # The worker checks the bound between reads of at most 1 MiB: from a file every read is 1 MiB,
+    # so a 63 MiB line is answered and a 65.5 MiB one is refused (the worker stops reading and
+    # exits without an answer); from the pool's pipe the reads are smaller, the bound the same.
+    def request(size: int) -> Path:
+        path = tmp_path / f"request-{size}"
+        head = b'{"id": 1, "check": "exact", "pad": "'
+        with path.open("wb") as f:
+            f.write(head + b"x" * (size - len(head) - 3) + b'"}\n')
+        return path
+
+    small = request(63 << 20)
+    assert _worker_answers(small) == '{"id": 1, "ok": true, "value": null}\n'
+    small.unlink()
+    assert _worker_answers(request((65 << 20) + (1 << 19))) == ""
+
+
+_CAP_DRAIN = """
+import fcntl, json, os, time
+from envs.rewards import worker
+sup = worker.Supervisor()
+r, w = os.pipe()
+fcntl.fcntl(w, 1031, 1 << 20)  # F_SETPIPE_SZ: room for the whole result at once
+line = json.dumps({"ok": True, "value": {"reward": 1.0, "metrics": {}}, "pad": ""}).encode()
+line = line[:-2] + b"x" * (worker.MAX_RESULT_BYTES - len(line) - 1) + b'"}\\n'
+assert len(line) == worker.MAX_RESULT_BYTES
+os.write(w, line + b"more\\n")
+os.close(w)
+pid = os.fork()
+if pid == 0:
+    os._exit(0)
+while open(f"/proc/{pid}/stat").read().split(")")[-1].split()[0] != "Z":
+    time.sleep(0.01)
+os.write(sup.channel_out, json.dumps(sup._collect(pid, r, 10.0)).encode())
+"""
+
+
+def test_a_valid_result_of_exactly_the_cap_with_more_behind_it_is_refused():
+    # The call has ended (its pid is a zombie) with exactly MAX_RESULT_BYTES of a valid result frame
+    # on the pipe and more behind it: the first read takes the frame, the exit is seen in the same
+    # round, and the drain after it must still read on and refuse the lot (a drain that stopped at
+    # exactly the cap scored the frame).
+    # stdin stays open: the end of the worker's channel would mean the pool is gone
+    proc = subprocess.Popen([sys.executable, "-c", _CAP_DRAIN], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, cwd=Path(__file__).parents[2])
+    try:
+        out, err = proc.stdout.read(), proc.stderr.read()
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=60)
+    assert proc.returncode == 0, err.decode()[-2000:]
+    answer = json.loads(out)
+    assert answer["ok"] is False and answer["reason"] == "stray_output", answer
