@@ -105,11 +105,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=str(Path(__file__).parent / "results" / "bench_train_memory.json"))
     p.add_argument("--remat", default="none,full", help="remat modes to measure (comma-separated)")
     p.add_argument("--reuse", default=None,
-                   help="an earlier JSON: its rows for modes not measured now are copied")
+                   help="an earlier JSON: its rows for modes not measured now are copied (--long: "
+                        "several, comma-separated)")
     p.add_argument("--long", action="store_true",
                    help="one long row (65,536-262,144 tokens) over context 1 / 4 / 8, full remat")
     p.add_argument("--long-only", default=None,
-                   help="with --long: only these rows, e.g. 262144x8xring,32768x1 (the rest reused)")
+                   help="with --long: only these rows, e.g. 262144x8xring,32768x1 (the rest reused; "
+                        "'none': measure nothing, merge --reuse A.json,B.json and summarise)")
     args = p.parse_args(argv)
     if args.long:
         return long_rows(args, argv)
@@ -198,18 +200,29 @@ def long_rows(args: argparse.Namespace, argv: list[str] | None) -> int:
     rows: list[dict] = []
     old: dict = {}
     long_old: dict[tuple, dict] = {}
-    if args.reuse:
-        old = json.loads(Path(args.reuse).read_text())
-        for r in old["results"]:
+    merge = args.long_only == "none"
+    for n, path in enumerate(args.reuse.split(",") if args.reuse else []):
+        # The first file gives the other rows; each file's long rows replace earlier files'
+        # (a fresh row is never replaced by a reused one), so the rows of runs made side by side
+        # merge: --long-only none --reuse A.json,B.json keeps each file's fresh rows fresh.
+        earlier = json.loads(Path(path).read_text())
+        old = old or earlier
+        for r in earlier["results"]:
             axes = dict(kv.split("=") for kv in r["mesh"].split())
             r = {**r, **{a: int(axes.get(a, 1)) for a in ("data", "fsdp", "expert", "context", "tensor")},
                  "rows": r.get("rows", ROWS)}
             if r["rows"] == 1:  # an earlier --long row: kept until measured again now
                 if r["context"] > 1:
                     r.setdefault("context_attention", "all_gather")
-                r.setdefault("reused_from", old.get("measured_long", args.reuse))
-                long_old[_long_key(r)] = r
-            else:
+                run = f"{path} ({earlier.get('measured_long')} on {earlier.get('commit_long')})"
+                if merge and "reused_from" not in r:
+                    r.setdefault("run", run)
+                else:
+                    r.setdefault("reused_from", run)
+                kept = long_old.get(_long_key(r))
+                if not (kept and "reused_from" in r and "reused_from" not in kept):
+                    long_old[_long_key(r)] = r
+            elif n == 0:
                 rows.append(r)
     # The goal's rows and the fit's first; the JSON is rewritten after every row, so a run cut
     # short keeps what it measured (the summary then covers what is there).
@@ -218,11 +231,25 @@ def long_rows(args: argparse.Namespace, argv: list[str] | None) -> int:
             (LONG_LENGTHS[0], 8, "ring"), (t_max, 4, "all_gather"), (LONG_LENGTHS[1], 8, "ring"),
             (LONG_LENGTHS[1], 4, "ring"), (LONG_LENGTHS[0], 4, "ring"), (t_max, 1, None),
             (LONG_LENGTHS[1], 1, None), (LONG_LENGTHS[0], 1, None)]
-    if args.long_only:
+    if merge:
+        plan = []
+    elif args.long_only:
         wanted = {tuple(int(x) for x in item.split("x")[:2]) + ((item.split("x") + [None])[2],)
                   for item in args.long_only.split(",")}
         plan = [p for p in plan if (p[0], p[1], p[2]) in wanted or (p[0], p[1], None) in wanted]
-    summary = old.get("summary", {})
+
+    def write() -> dict:
+        long = list(long_old.values())
+        summary = {**old.get("summary", {}), **context_summary(long)}
+        result = {**old, "benchmark": "bench_train_memory",
+                  "command": " ".join(["benchmarks/bench_train_memory.py", *(argv or sys.argv[1:])]),
+                  "measured_long": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                  "model": QWEN3_06B, "commit_long": _commit(), "jax": jax.__version__,
+                  "machine": platform.machine(), "results": rows + long, "summary": summary}
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+        return summary
+
     for row_len, context, form in plan:
         # Context meshes also split the weights and AdamW state over context (ZeRO, as FSDP does).
         r = measure(qcfg, row_len, "full", None if context == 1 else dict(context=context), rows=1,
@@ -231,18 +258,8 @@ def long_rows(args: argparse.Namespace, argv: list[str] | None) -> int:
         print(f"{row_len:>7} tokens  1 row  context {context} {form or '':<10}  temp "
               f"{r['temp_bytes_per_device'] / 2**30:7.2f} GiB  state "
               f"{r['state_bytes_per_device'] / 2**30:6.2f} GiB  (compile {r['compile_s']} s)", flush=True)
-        long = list(long_old.values())
-        try:
-            summary = {**old.get("summary", {}), **context_summary(long)}
-        except KeyError:  # not all the rows the fit needs yet
-            summary = old.get("summary", {})
-        result = {**old, "benchmark": "bench_train_memory",
-                  "command": " ".join(["benchmarks/bench_train_memory.py", *(argv or sys.argv[1:])]),
-                  "measured_long": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                  "model": QWEN3_06B, "commit_long": _commit(), "jax": jax.__version__,
-                  "machine": platform.machine(), "results": rows + long, "summary": summary}
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+        write()  # after every row: a run cut short keeps what it measured
+    summary = write()
     print(json.dumps({k: summary.get(k) for k in ("context_goal", "context_fit_06b", "projection_80gb")},
                      indent=2))
     return 0
@@ -255,32 +272,34 @@ def _long_key(r: dict) -> tuple:
 def context_summary(long: list[dict]) -> dict:
     """The goal, the per-token slope of temporaries over a device's share of the row, and the
     projection for the larger shapes; all from the ring form (the default) and the one-device
-    rows, with the all-gather form's figures beside them."""
+    rows, with the all-gather form's figures beside them. What the rows there are cannot give
+    is ``None`` (never an earlier run's figure of another form)."""
     temp = {(r["row_len"], r["context"]): r["temp_bytes_per_device"] for r in long
             if r.get("context_attention", "ring") == "ring"}
     gathered = {(r["row_len"], r["context"]): r["temp_bytes_per_device"] for r in long
                 if r.get("context_attention") == "all_gather"}
-    base = temp[(BASELINE_LEN, 1)]
-    goal = temp[(LONG_LENGTHS[-1], 8)]
-    # temp(T, C) ~ fixed + slope * T / C + kv * T: fitted on context 8 and 4 at the longest row.
     t = LONG_LENGTHS[-1]
-    slope = (temp[(t, 4)] - temp[(t, 8)]) / (t / 4 - t / 8)
-    kv = max(0.0, (temp[(t, 8)] - temp[(LONG_LENGTHS[0], 8)] - slope * (t - LONG_LENGTHS[0]) / 8)
-             / (t - LONG_LENGTHS[0]))
-    fixed = temp[(t, 8)] - slope * t / 8 - kv * t
     gib = lambda table: {f"{t_} x context {c}": round(v / 2**30, 2) for (t_, c), v in sorted(table.items())}
-    return {
-        "context_goal": {"temp_gib_262144_context_8": round(goal / 2**30, 2),
-                         "temp_gib_32768_one_device": round(base / 2**30, 2), "met": goal <= base,
-                         "context_attention": "ring",
-                         **({"temp_gib_262144_context_8_all_gather": round(gathered[(t, 8)] / 2**30, 2)}
-                            if (t, 8) in gathered else {})},
-        "context_temp_gib": gib(temp),
-        "context_temp_gib_all_gather": gib(gathered),
-        "context_fit_06b": {"fixed_gib": round(fixed / 2**30, 2), "bytes_per_device_token": round(slope),
-                            "kv_bytes_per_row_token": round(kv)},
-        "projection_80gb": {name: project(shape, fixed, slope, kv) for name, shape in PROJECT.items()},
-    }
+    out: dict = {"context_temp_gib": gib(temp), "context_temp_gib_all_gather": gib(gathered),
+                 "context_goal": None, "context_fit_06b": None, "projection_80gb": None}
+    if (BASELINE_LEN, 1) in temp and (t, 8) in temp:
+        base, goal = temp[(BASELINE_LEN, 1)], temp[(t, 8)]
+        out["context_goal"] = {
+            "temp_gib_262144_context_8": round(goal / 2**30, 2),
+            "temp_gib_32768_one_device": round(base / 2**30, 2), "met": goal <= base,
+            "context_attention": "ring",
+            **({"temp_gib_262144_context_8_all_gather": round(gathered[(t, 8)] / 2**30, 2)}
+               if (t, 8) in gathered else {})}
+    if all(key in temp for key in ((t, 8), (t, 4), (LONG_LENGTHS[0], 8))):
+        # temp(T, C) ~ fixed + slope * T / C + kv * T: fitted on context 8 and 4 at the longest row.
+        slope = (temp[(t, 4)] - temp[(t, 8)]) / (t / 4 - t / 8)
+        kv = max(0.0, (temp[(t, 8)] - temp[(LONG_LENGTHS[0], 8)] - slope * (t - LONG_LENGTHS[0]) / 8)
+                 / (t - LONG_LENGTHS[0]))
+        fixed = temp[(t, 8)] - slope * t / 8 - kv * t
+        out["context_fit_06b"] = {"fixed_gib": round(fixed / 2**30, 2),
+                                  "bytes_per_device_token": round(slope), "kv_bytes_per_row_token": round(kv)}
+        out["projection_80gb"] = {name: project(shape, fixed, slope, kv) for name, shape in PROJECT.items()}
+    return out
 
 
 def project(shape: dict, fixed: float, slope: float, kv: float, card: float = 80e9) -> dict:
