@@ -150,6 +150,10 @@ def up(args) -> int:
     groups = group_dicts(specs)
     ctrl = _controller(ray, name)
     if ctrl is not None:
+        running = ray.get(ctrl.status.remote(), timeout=60)["trainer"]
+        if running != args.trainer:
+            raise FleetError(f"fleet {name} runs against trainer {running}, not {args.trainer}: "
+                             f"`mixrl-fleet down --name {name}` first, or pick another --name")
         ray.get(ctrl.apply.remote(groups, plan, args.autoscale), timeout=60)
         print(f"mixrl-fleet: fleet {name} re-targeted: {', '.join(f'{s.name}={s.replicas}' for s in specs)}")
     else:
