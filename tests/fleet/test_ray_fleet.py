@@ -38,11 +38,9 @@ def _free_port() -> int:
 
 
 def _ray_daemons() -> list[psutil.Process]:
-    out = []
-    for p in psutil.process_iter(["name"]):
-        if p.info["name"] in ("raylet", "gcs_server"):
-            out.append(p)
-    return out
+    """Live raylet / gcs_server processes (zombies not counted: where PID 1 does not reap)."""
+    return [p for p in psutil.process_iter(["name", "status"])
+            if p.info["name"] in ("raylet", "gcs_server") and p.info["status"] != psutil.STATUS_ZOMBIE]
 
 
 @pytest.fixture(scope="module")
