@@ -30,6 +30,8 @@ import sys
 from typing import Any
 
 PR_SET_PDEATHSIG = 1
+#: Set in a worker's environment: what runs here is an outside environment's episode.
+WORKER_ENV = "MIXRL_ENV_WORKER"
 MAX_ERROR_CHARS = 500
 
 
@@ -134,6 +136,7 @@ def main() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     except (OSError, AttributeError):  # not Linux: the parent's process-group kill still applies
         pass
+    os.environ[WORKER_ENV] = "1"  # environments that delegate to workers run here (verifiers_env)
     channel, server = _Channel(), _Server()
     for request in channel.requests():
         try:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import logging
 import queue
+import sys
 import threading
 import uuid
 from dataclasses import dataclass, field
@@ -116,8 +117,7 @@ class GenerateEndpoint:
         self._routes: dict[str, queue.Queue] = {}
         self._pending: set[Call] = set()
         self._lock = threading.Lock()
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
-        self.server.daemon_threads = True
+        self.server = _Server(("127.0.0.1", 0), _handler(self))
         self._thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), name="vf-generate",
                                         daemon=True)
         self._thread.start()
@@ -167,6 +167,17 @@ class GenerateEndpoint:
         self.server.server_close()
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request, client_address) -> None:
+        """A client that went away (its run was cancelled) is no error worth a traceback."""
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            log.debug("verifiers endpoint: %s closed the connection", client_address)
+            return
+        super().handle_error(request, client_address)
+
+
 def _handler(endpoint: GenerateEndpoint) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -180,7 +191,10 @@ def _handler(endpoint: GenerateEndpoint) -> type[BaseHTTPRequestHandler]:
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
-            self.wfile.write(data)
+            try:
+                self.wfile.write(data)
+            except (BrokenPipeError, ConnectionResetError):  # the client gave up (a cancelled run)
+                self.close_connection = True
 
         def do_GET(self) -> None:
             if self.path.rstrip("/") in ("/v1/models", "/models"):

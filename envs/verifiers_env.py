@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import os
 import queue
 import re
 import sys
@@ -43,6 +44,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from envs.base import Environment, Episode, StepResult, Task
+from envs.isolated_worker import WORKER_ENV
 from envs.verifiers_endpoint import Call, GenerateEndpoint
 
 log = logging.getLogger("mixrl.envs")
@@ -286,6 +288,26 @@ class VerifiersEpisode(Episode):
         self.env.endpoint.unroute(self.model)
 
 
+_DELEGATES: dict[str, Any] = {}
+_DELEGATES_LOCK = threading.Lock()
+
+
+def _delegate(tokenizer, difficulty: int, options: dict[str, Any]):
+    """The worker pool that starts episodes for ``options`` outside a worker, one per distinct
+    entry in this process (the trainer's task and evaluation sources build the same entry twice;
+    each worker imports ``verifiers`` and loads the renderer, which is slow)."""
+    import json
+
+    from convert.tokenizer import source_dir
+    from envs.isolated import IsolatedEnvironment
+
+    key = json.dumps([str(source_dir(tokenizer)), difficulty, options], sort_keys=True, default=str)
+    with _DELEGATES_LOCK:
+        if key not in _DELEGATES:
+            _DELEGATES[key] = IsolatedEnvironment("verifiers", tokenizer, difficulty, options)
+        return _DELEGATES[key]
+
+
 class VerifiersEnvironment(Environment):
     """A ``verifiers.v1`` environment's taskset and episodes (see the module docstring)."""
 
@@ -294,7 +316,9 @@ class VerifiersEnvironment(Environment):
 
     def __init__(self, tokenizer, difficulty: int = 1, **options: Any):
         super().__init__(tokenizer, difficulty)
-        self.opts = VerifiersOptions.model_validate(options)
+        self.options = dict(options)  # with timeout_s when the mix entry has one (the delegate's)
+        self.opts = VerifiersOptions.model_validate({k: v for k, v in options.items() if k != "timeout_s"})
+        self._delegate = None
         self._args = self.opts.args
         vf = _verifiers()
         try:
@@ -312,13 +336,23 @@ class VerifiersEnvironment(Environment):
         self._lock = threading.Lock()
         self._logged: set[str] = set()
         self.wait_s = WAIT_S
+        if os.environ.get(WORKER_ENV):  # a worker: the slow part now, within its start-up limit
+            self.warm()
+
+    def warm(self) -> None:
+        """Start serving and load the renderer (its tokenizer), which the first call needs."""
+        from verifiers.v1.clients.train import ElasticRendererPool
+
+        cfg = self.client_config
+        pool = ElasticRendererPool(cfg.renderer_model_name, cfg.renderer, multiplex=cfg.multiplex)
+        self.loop().submit(pool.grow()).result(timeout=self.wait_s)
 
     def for_evaluation(self) -> VerifiersEnvironment:
         """The same environment over the taskset built with ``eval_args`` (itself without them)."""
         if self.opts.eval_args is None:
             return self
         other = VerifiersEnvironment(self.tokenizer, self.difficulty,
-                                     **{**self.opts.model_dump(), "args": self.opts.eval_args})
+                                     **{**self.options, "args": self.opts.eval_args})
         other.chat_template_kwargs = self.chat_template_kwargs
         return other
 
@@ -374,6 +408,15 @@ class VerifiersEnvironment(Environment):
                                     renderer=self.opts.renderer, renderer_model_name=model)
 
     def start(self, task: Task) -> Episode:
+        """The episode, run here in a worker process (``envs.isolated_worker``); elsewhere (the
+        trainer, which starts each task for its prompt) in one: rendering loads the model's
+        tokenizer with ``transformers``, which imports torch, and the trainer never does."""
+        if not os.environ.get(WORKER_ENV):
+            with self._lock:
+                if self._delegate is None:
+                    self._delegate = _delegate(self.tokenizer, self.difficulty,
+                                               {**self.options, "args": self._args})
+            return self._delegate.start(task)
         vf_task = self._vf_task(task.payload)
         return VerifiersEpisode(self, vf_task, self.wait_s)
 
@@ -390,6 +433,7 @@ class VerifiersEnvironment(Environment):
                       "not logged)", self.opts.id, message, reason)
 
     def close(self) -> None:
+        self._delegate = None  # shared (_delegate): its workers end with the process
         loop, self._loop = self._loop, None
         endpoint, self._endpoint = self._endpoint, None
         if endpoint is not None:

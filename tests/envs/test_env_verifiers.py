@@ -12,6 +12,7 @@ run (``mixrl-train``, two sampler groups) is ``test_env_verifiers_e2e.py``.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
 import urllib.error
@@ -114,9 +115,18 @@ pytest.importorskip("verifiers.v1", reason="the verifiers extra is not installed
 
 @pytest.fixture(scope="module")
 def tok(tmp_path_factory):
+    """The chat model's tokenizer; episodes run in this process, as in a sampler's env worker
+    (elsewhere ``start`` hands them to one: ``test_the_trainer_starts_tasks_in_a_worker``)."""
     from convert.tokenizer import load_tokenizer
+    from envs.isolated_worker import WORKER_ENV
 
-    return load_tokenizer(make_model_dir(tmp_path_factory.mktemp("vf") / "model"))
+    saved = os.environ.get(WORKER_ENV)
+    os.environ[WORKER_ENV] = "1"
+    yield load_tokenizer(make_model_dir(tmp_path_factory.mktemp("vf") / "model"))
+    if saved is None:
+        os.environ.pop(WORKER_ENV)
+    else:
+        os.environ[WORKER_ENV] = saved
 
 
 @pytest.fixture(scope="module")
