@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import struct
 
-from convert.delta_codec import layout
+from convert.delta_codec import HashingWriter, layout
 
 
 def _safetensors(path, header: dict, data: bytes, pad_to: int) -> None:
@@ -29,3 +30,18 @@ def test_layout_keeps_each_tensors_itemsize_whatever_the_header_alignment(tmp_pa
         start = len(head)
         assert (start % 8 == 0) == (pad == 8) and (pad == 8 or start % 2 == 1), start
         assert regions == [(start, start + 6, 2), (start + 6, start + 14, 4), (start + 14, start + 20, 1)]
+
+
+def test_hashing_writer_reuses_a_buffer_only_after_its_write_and_hash(tmp_path):
+    # 64 pieces through the writer's 3 buffers: filling one is a copy, hashing it (sha256, on its
+    # own thread) costs ~20x more, so a buffer lent again before its hash is done would be
+    # overwritten under it: the file or the digest would not be what was committed.
+    pieces = [bytes([i]) * (1 << 20) for i in range(64)]
+    with HashingWriter(tmp_path / "out.bin") as w:
+        for p in pieces:
+            w.buffer(len(p))[:] = p
+            w.commit()
+        size, digest = w.close()
+    whole = b"".join(pieces)
+    assert (size, digest) == (len(whole), hashlib.sha256(whole).hexdigest())
+    assert (tmp_path / "out.bin").read_bytes() == whole
