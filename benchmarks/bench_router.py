@@ -196,7 +196,8 @@ def main() -> int:
     result = {
         "command": "benchmarks/bench_router.py " + " ".join(sys.argv[1:]),
         "prices_usd_per_replica_hour": PRICES, "config": "configs/local_mixed.yaml",
-        "real_runs": {"steps": args.steps, "steps_note": "run.steps reduced from the config's 300 "
+        "real_runs": {"command": f"benchmarks/bench_router.py --steps {args.steps} --seeds {args.seeds}",
+                      "steps": args.steps, "steps_note": "run.steps reduced from the config's 300 "
                       "(a loaded 2-core machine shared with other jobs)", "seeds": seeds, "rows": rows,
                       "judged": judge(rows)},
         "simulated": None if sim_measured is None else {

@@ -271,6 +271,8 @@ class TrainerCost:
         out = self.ledger.step(wall_s, counts)
         for name, g in status.get("groups", {}).items():  # the router's split, whichever policy
             out[f"group/{name}/lease_share"] = float(g.get("share", 0.0))
+            if g.get("samples_per_busy_s"):  # what policy cost routes on (and a planner may read)
+                out[f"group/{name}/samples_per_busy_replica_s"] = float(g["samples_per_busy_s"])
         merged = {**values, **out}
         with service.scheduler.lock:
             for name in group_names:

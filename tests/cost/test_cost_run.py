@@ -57,6 +57,7 @@ def test_priced_run_writes_cost_metrics_and_summary(tmp_path):
             assert last[f"group/{g}/usd_per_useful_token"] < last[f"group/{g}/usd_per_useful_sample"]
     assert any(cost["groups"][g]["useful_samples"] > 0 for g in ("bf16", "int8"))
     assert sum(last[f"group/{g}/lease_share"] for g in ("bf16", "int8")) == pytest.approx(1.0)
+    assert any(r.get(f"group/{g}/samples_per_busy_replica_s", 0) > 0 for r in steps for g in ("bf16", "int8"))
     assert cost["steps"] == 3 and cost["usd_total"] == pytest.approx(usd[-1])
     assert cost["groups"]["bf16"]["price_per_hour"] == 4.0 and cost["groups"]["bf16"]["accelerator"] == "H100"
     trained = sum(cost["groups"][g]["samples_trained"] for g in ("bf16", "int8"))
