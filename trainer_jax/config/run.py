@@ -21,7 +21,7 @@ class SamplerGroupConfig(_Strict):
     ``processes``: the group's replica count, spawned or not: with ``spawn`` the trainer starts
     that many local ``mixrl-sample`` processes; otherwise the group's samplers join by address
     on their own and ``processes`` is how many a launcher starts (the Ray fleet, the planner's
-    ``plan.yaml``) and the count cost accounting assumes until samplers register.
+    ``plan.yaml``). Cost accounting charges the replicas actually registered (``trainer_jax.cost``).
     ``min_processes`` / ``max_processes``: autoscaling bounds around ``processes`` (None: fixed).
     ``accelerator``: what a replica runs on (``H100``, ``B200``, ``cpu``): the key of the price
     table (top-level ``prices:``, ``mixrl-train --prices FILE``) and, on Ray, the resource; never
