@@ -145,7 +145,9 @@ def plot_curves(results: list[RunResult], out_dir: Path, labels: dict[str, str],
             if log and drew:
                 _log_scale(ax)
         if drew:
-            axes[0][-1].legend(fontsize=7)
+            for ax in axes[0]:  # every panel that has lines (a pool whose runs have not finished has none)
+                if ax.get_lines():
+                    ax.legend(fontsize=7)
             fig.tight_layout()
             path = out_dir / f"{fname}.png"
             fig.savefig(path, dpi=110)
