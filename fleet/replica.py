@@ -57,8 +57,9 @@ class Replica:
         self.transfer, self.fetch_timeout_s = transfer, fetch_timeout_s
         safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in f"{fleet}/{name}")
         root = Path(tempfile.gettempdir()) / "mixrl-fleet"
-        self.dir = root / safe
-        self.dir.mkdir(parents=True, exist_ok=True)
+        root.mkdir(parents=True, exist_ok=True)
+        # One directory per actor, never reused: a dead namesake's files are never this one's.
+        self.dir = Path(tempfile.mkdtemp(prefix=f"{safe}-", dir=root))
         (self.dir / "pid").write_text(str(os.getpid()))
         remove_stale(root, keep=self.dir)
         self.token_file = self.dir / "token"
@@ -144,7 +145,8 @@ class Replica:
 
 def remove_stale(root: Path, keep: Path) -> list[Path]:
     """Remove the directories (token, initial weights, cache) of replicas on this node whose
-    actor process is gone: a SIGKILLed or lost actor never ran its ``stop``. Returns them."""
+    actor process is gone: a SIGKILLed or lost actor never ran its ``stop``. Returns them. A
+    directory without a readable pid yet (a replica starting) is left alone."""
     gone = []
     for d in root.iterdir() if root.is_dir() else []:
         try:
