@@ -1,4 +1,5 @@
-"""What ``--resume`` does to a run directory, file by file (issue 37; docs/testing.md).
+"""What ``--resume`` does to a run directory, file by file, and how a failed checkpoint save is
+reported (issue 37; docs/testing.md).
 
 ``trainer_jax/resume.py``'s version and metric bookkeeping was only reached by the crash tests
 (real killed trainers, minutes): its mutants survived the checkpoint tests. These call it on real
@@ -7,8 +8,10 @@ directories; each takes milliseconds."""
 from __future__ import annotations
 
 import json
+import logging
 
 from convert.store import LATEST, version_dirname
+from trainer_jax.checkpoint import _DropOrbaxErrors, _one_line, _orbax_errors_raised_not_logged
 from trainer_jax.resume import (
     DISCARDED,
     METRICS_DISCARDED,
@@ -81,3 +84,31 @@ def test_only_storage_errors_stop_a_run():
         == "publish v4: [Errno 28] No space left"
     assert storage_failure(["publish v3: [Errno 2] No such file", "timeout"]) is None
     assert storage_failure([]) is None
+
+
+def _record(level: int, path: str) -> logging.LogRecord:
+    return logging.LogRecord("absl", level, path, 1, "save failed", None, None)
+
+
+def test_only_orbaxs_own_error_records_are_dropped_while_saving():
+    # Orbax logs a failed save with its traceback before raising; the failure reaches the user
+    # once, as CheckpointError's line. Everything else the absl logger gets while saving stays.
+    orbax = "/venv/lib/python3.11/site-packages/orbax/checkpoint/_src/checkpointer.py"
+    absl = logging.getLogger("absl")
+    with _orbax_errors_raised_not_logged():
+        (quiet,) = [f for f in absl.filters if isinstance(f, _DropOrbaxErrors)]
+        assert not quiet.filter(_record(logging.ERROR, orbax))
+        assert not quiet.filter(_record(logging.CRITICAL, orbax))
+        assert quiet.filter(_record(logging.WARNING, orbax))
+        assert quiet.filter(_record(logging.ERROR, "/work/main/trainer_jax/train.py"))
+    assert not any(isinstance(f, _DropOrbaxErrors) for f in absl.filters)
+
+
+def test_a_long_error_is_one_line_keeping_both_ends():
+    # tensorstore's messages run long and end with the OS error: the line keeps both ends
+    e = OSError("write failed:\n  " + "a" * 300 + "\n  " + "b" * 300 + " [Errno 28] No space left")
+    line = _one_line(e)
+    text = " ".join(str(e).split())
+    assert line == f"OSError: {text[:200]} ... {text[-200:]}" and "\n" not in line
+    assert line.startswith("OSError: write failed: aaa") and line.endswith("bbb [Errno 28] No space left")
+    assert _one_line(ValueError("short\n  one")) == "ValueError: short one"
