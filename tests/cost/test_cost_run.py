@@ -1,6 +1,8 @@
 """A real short `mixrl-train` run (tests/loop_configs.py's TINY_LOOP, two spawned sampler groups)
 under router policy cost with prices: it writes the cost metrics, the plot and summary.json's
-"cost" section, and warns (never refuses) that samplers priced as H100 compute on the CPU."""
+"cost" section, and warns (never refuses) that samplers priced as H100 compute on the CPU; then
+`mixrl-train plan` on that run writes a plan.yaml that merges into the run's config (price table
+-> run -> plan -> config, end to end)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,12 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from loop_configs import TINY_LOOP
+
+from trainer_jax.cli import main as train_main
+from trainer_jax.config import load_config
+from trainer_jax.plan import plan_overrides
 
 ROOT = Path(__file__).parent.parent.parent
 CONFIG = (TINY_LOOP
@@ -64,3 +71,27 @@ def test_priced_run_writes_cost_metrics_and_summary(tmp_path):
     assert trained == sum(r["samples_trained"] for r in steps)
     assert cost["usd_per_useful_sample"] == pytest.approx(cost["usd_total"] / cost["useful_samples"])
     assert (run_dir / "plots" / "cost.png").exists()
+
+    # The planner on this run: prices and accelerators from the run's ledger, the dial limits.
+    plan = tmp_path / "plan.yaml"
+    code = train_main(["plan", str(run_dir), "--budget", "10", "--limits",
+                       str(ROOT / "docs/results/limits_dial.yaml"), "--out", str(plan)])
+    assert code in (0, 1)  # 1: no group could be planned (each excluded with its reason)
+    doc = yaml.safe_load(plan.read_text())
+    groups = {g["name"]: g for g in doc["groups"]}
+    assert (groups["bf16"]["accelerator"], groups["bf16"]["price_per_hour"]) == ("H100", 4.0)
+    assert (groups["int8"]["accelerator"], groups["int8"]["price_per_hour"]) == ("cpu", 1.5)
+    spent = sum(g["processes"] * g["price_per_hour"] for g in groups.values())
+    assert doc["cost_usd_per_hour"] == pytest.approx(spent) and spent <= 10
+    for name, g in groups.items():  # each group planned, or excluded with its reason
+        assert (g["processes"] > 0) != (name in doc["excluded"]), (name, doc)
+    planned = [n for n, g in groups.items() if g["processes"]]
+    if planned:  # the budget is spent down to less than the cheapest planned group's price
+        assert 10 - doc["cost_usd_per_hour"] < min(groups[n]["price_per_hour"] for n in planned)
+        # (into the config without its max_share: a plan of one group cannot keep 0.9 of the
+        # leases under it, which load_config refuses in one line)
+        plain = tmp_path / "plain.yaml"
+        plain.write_text(CONFIG.replace(", max_share: 0.9", ""))
+        merged = load_config(plain, plan_overrides(plain, plan), prices=prices)
+        assert [(g.name, g.processes) for g in merged.groups] == \
+            [(n, groups[n]["processes"]) for n in planned]
