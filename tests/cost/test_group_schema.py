@@ -87,3 +87,28 @@ def test_serve_refuses_policy_cost_at_load(tmp_path, capsys):
     assert main(["serve", "--config", str(path)]) == 2  # before any service or socket exists
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and "policy cost needs a learner" in lines[0]
+
+
+def test_a_mispriced_group_is_warned_once_not_per_replica(caplog):
+    """Two samplers of a group priced as an H100 register from a CPU over real gRPC: both are
+    accepted, and the mismatch is one warning (the second registration says it at info)."""
+    import logging
+
+    from sampler_torch.client import RolloutClient
+    from trainer_jax.config import load_config
+    from trainer_jax.service import RolloutService
+
+    cfg = load_config(None, ["service.listen=127.0.0.1:0", "tasks.group_size=2",
+                             "groups=[{name: g, recipe: bf16, accelerator: H100, spawn: false}]"])
+    svc = RolloutService.from_config(cfg, token="t0k").start()
+    cpu = {"type": "cpu", "name": "x86_64"}
+    try:
+        with caplog.at_level(logging.INFO, logger="mixrl"):
+            for i in range(2):
+                c = RolloutClient(svc.address, "t0k", group="g", name=f"r{i}", capacity=2, device=cpu)
+                assert c.register().session_id
+                c.close()
+    finally:
+        svc.stop(grace=0)
+    said = [r for r in caplog.records if "priced as accelerator 'H100' but reports cpu" in r.getMessage()]
+    assert [r.levelno for r in said] == [logging.WARNING, logging.INFO], [r.getMessage() for r in said]

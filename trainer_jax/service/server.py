@@ -57,6 +57,7 @@ class _Servicer(pb_grpc.RolloutServicer):
 
     def __init__(self, service: RolloutService):
         self.svc = service
+        self._mismatches: set[tuple[str, str]] = set()  # (group, accelerator problem) warned once
 
     def Register(self, request, context):
         try:
@@ -68,7 +69,12 @@ class _Servicer(pb_grpc.RolloutServicer):
                  s.recipe.get("name"), s.capacity, describe_device(s.device, s.recipe.get("name")),
                  s.peer)
         if problem := accelerator_mismatch(self.svc.accelerators.get(s.group), s.accelerator, s.device):
-            log.warning("sampler %s (group %s): %s", s.name, s.group, problem)  # never refused
+            # Never refused; said once per group and device (a fleet of 100 replicas on the wrong
+            # card is one line, at warning level; later ones at info).
+            first = (s.group, problem) not in self._mismatches
+            self._mismatches.add((s.group, problem))
+            log.log(logging.WARNING if first else logging.INFO, "sampler %s (group %s): %s%s", s.name,
+                    s.group, problem, "" if first else " (said before for this group)")
         return pb.RegisterResponse(
             session_id=s.id, server_id=self.svc.server_id,
             heartbeat_interval_ms=int(cfg.heartbeat_s * 1000), session_ttl_ms=int(cfg.session_ttl_s * 1000),
