@@ -94,7 +94,8 @@ def make(out: Path, *, seed: int = 0) -> Path:
     out.mkdir(parents=True, exist_ok=False)
     tok.save(str(out / "tokenizer.json"))
     (out / "tokenizer_config.json").write_text(json.dumps(
-        {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "chat_template": TEMPLATE}))
+        {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "unk_token": None,  # as Qwen3's
+         "chat_template": TEMPLATE}))  # (transformers would take <|endoftext|>, and renderers refuse it)
     ids = {name: tok.token_to_id(name) for name in ("<|im_end|>", "<|endoftext|>")}
     torch.manual_seed(seed)
     model = Qwen3ForCausalLM(Qwen3Config(**MODEL, bos_token_id=ids["<|endoftext|>"],

@@ -86,3 +86,28 @@ def test_the_readme_commands_train_verifiers_environments_on_two_sampler_groups(
     groups = {k.split("/")[1] for r in steps for k in r
               if k.startswith("group/") and k.endswith("sample_share") and r[k] > 0}
     assert groups == {"bf16", "int8"}, groups
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_the_trainer_draws_verifiers_tasks_without_importing_torch(tmp_path):
+    """The trainer process draws tasks from the taskset itself but hands ``start`` (rendering
+    loads ``transformers``, which imports torch) to an env worker: drawing stays torch-free."""
+    pytest.importorskip("verifiers.v1", reason="the verifiers extra is not installed")
+    code = f"""
+import sys
+sys.path[:0] = [{str(Path(__file__).parent)!r}]
+import numpy as np
+from chat_dir import make_model_dir
+from convert.tokenizer import load_tokenizer
+from envs.base import make_env
+tok = load_tokenizer(make_model_dir(__import__("pathlib").Path({str(tmp_path / "m")!r})))
+env = make_env("verifiers", tok, id="vf_guess")
+tasks = [env.sample_task_at(np.random.default_rng(0), f"t{{k}}", k) for k in range(3)]
+assert [t.payload["data"]["secret"] for t in tasks] == [4, 3, 2], tasks
+assert "torch" not in sys.modules
+print("ok")
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=500,
+                         env={**os.environ, "MIXRL_ENV_WORKER": ""})
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
