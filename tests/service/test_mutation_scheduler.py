@@ -1,0 +1,47 @@
+"""Scheduler bookkeeping the scheduler's mutants showed untested (issue 37; docs/testing.md).
+
+The service's own scheduler (``RolloutService.from_config``, not started: no server, no reaper
+thread), driven through its methods with its injectable clock."""
+
+from __future__ import annotations
+
+import pytest
+
+from mixrl_wire import pb
+from trainer_jax.config import load_config
+from trainer_jax.service import RolloutService
+
+
+@pytest.fixture
+def scheduler():
+    cfg = load_config(None, ["service.listen=127.0.0.1:0", "tasks.group_size=2",
+                             "tasks.sampling.max_new_tokens=8"])
+    sched = RolloutService.from_config(cfg, token="t").scheduler
+    now = [1000.0]
+    sched.clock = lambda: now[0]
+    sched.now = now
+    return sched
+
+
+def test_an_expired_session_leaves_its_groups_sampler_and_capacity_counts(scheduler):
+    ttl = scheduler.cfg.session_ttl_s
+    a = scheduler.register(pb.RegisterRequest(group="bf16", capacity=4, name="a"), "peer-a")
+    b = scheduler.register(pb.RegisterRequest(group="bf16", capacity=2, name="b"), "peer-b")
+    scheduler.register(pb.RegisterRequest(group="fp8", capacity=3, name="c"), "peer-c")
+    group = lambda name: {k: scheduler.snapshot()["groups"][name][k] for k in ("samplers", "capacity")}
+    assert group("bf16") == {"samplers": 2, "capacity": 6} and group("fp8") == {"samplers": 1, "capacity": 3}
+    scheduler.now[0] += ttl * 0.75
+    scheduler.touch(b.id)
+    scheduler.now[0] += ttl * 0.5  # a and c silent for 1.25 ttl, b for 0.5
+    scheduler.expire()
+    assert group("bf16") == {"samplers": 1, "capacity": 2} and group("fp8") == {"samplers": 0, "capacity": 0}
+    assert set(scheduler.sessions) == {b.id} and a.id not in scheduler.sessions
+    assert scheduler.totals["sessions_expired"] == 2
+
+
+def test_the_version_only_moves_forward(scheduler):
+    scheduler.set_version(3)
+    scheduler.set_version(3)  # the same version again (a republish) is fine
+    with pytest.raises(ValueError, match="version 2 is older than the current 3"):
+        scheduler.set_version(2)
+    assert scheduler.snapshot()["current_version"] == 3
