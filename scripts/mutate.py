@@ -34,8 +34,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 PY = sys.executable
 
-# module name -> (paths to mutate, test files that cover them). Later (issue 37): score sandbox,
-# rewards and router after the hostile-output and fleet-economics rewrites.
+# module name -> (paths to mutate, test files that cover them).
 MODULES: dict[str, tuple[list[str], list[str]]] = {
     "objective": (["trainer_jax/objective"],
                   ["tests/objective/test_mutation_objective.py", "tests/objective/test_components.py"]),
@@ -76,7 +75,6 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
                  ["tests/sampler/test_mutation_sampling.py", "tests/sampler/test_engine.py",
                   "tests/sampler/test_logit_noise.py::"
                   "test_noise_is_standard_normal_and_a_pure_function_of_seed_counter_and_id"]),
-    # later, after their rewrites (issue 37)
     # test_jail's two-sandbox fork bomb is left out: its cgroup-empty check after a kill races under
     # load (failed once unmutated here), and a flaky test would count as a kill
     "sandbox": (["envs/sandbox.py"],
@@ -92,7 +90,9 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
                                    "tests/envs/test_code_reward.py", "tests/envs/test_reward_workers.py"]),
     "router": (["trainer_jax/service/router.py"], ["tests/service/test_service.py"]),
 }
-LATER = {"sandbox", "rewards", "router"}
+# Left out of a run of every module: the sandbox's mutants run as root with its jail (one chowned /
+# and /tmp on the machine that ran it): name it, on a throwaway machine (docs/testing.md).
+LATER = {"sandbox"}
 # Survivors judged equivalent (no test can tell them apart), each with why: [{"file", "code" (the
 # line, stripped), "mutant" (the mutated line, or "*": any mutant of that line), "why"}], and
 # "line" where the same code stands on more than one line of the file.
