@@ -57,7 +57,9 @@ class Move:
 
 
 def _has(msg, field: str) -> bool:
-    return field in msg.DESCRIPTOR.fields_by_name
+    """Whether ``msg`` carries ``field``: set, for an optional field; a trainer whose wire predates
+    the field has none."""
+    return field in msg.DESCRIPTOR.fields_by_name and msg.HasField(field)
 
 
 def read_status(status, capacity: Mapping[str, int]) -> dict[str, dict[str, float | None]]:

@@ -402,7 +402,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GroupStatus(_message.Message):
-    __slots__ = ("name", "samplers", "tokens_per_s", "share", "outstanding", "accepted", "probe_version", "probe_kl", "probe_max_abs")
+    __slots__ = ("name", "samplers", "tokens_per_s", "share", "outstanding", "accepted", "probe_version", "probe_kl", "probe_max_abs", "useful_share", "idle_share", "samples_per_busy_s")
     NAME_FIELD_NUMBER: _ClassVar[int]
     SAMPLERS_FIELD_NUMBER: _ClassVar[int]
     TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
@@ -412,6 +412,9 @@ class GroupStatus(_message.Message):
     PROBE_VERSION_FIELD_NUMBER: _ClassVar[int]
     PROBE_KL_FIELD_NUMBER: _ClassVar[int]
     PROBE_MAX_ABS_FIELD_NUMBER: _ClassVar[int]
+    USEFUL_SHARE_FIELD_NUMBER: _ClassVar[int]
+    IDLE_SHARE_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_PER_BUSY_S_FIELD_NUMBER: _ClassVar[int]
     name: str
     samplers: int
     tokens_per_s: float
@@ -421,7 +424,10 @@ class GroupStatus(_message.Message):
     probe_version: int
     probe_kl: float
     probe_max_abs: float
-    def __init__(self, name: _Optional[str] = ..., samplers: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., share: _Optional[float] = ..., outstanding: _Optional[int] = ..., accepted: _Optional[int] = ..., probe_version: _Optional[int] = ..., probe_kl: _Optional[float] = ..., probe_max_abs: _Optional[float] = ...) -> None: ...
+    useful_share: float
+    idle_share: float
+    samples_per_busy_s: float
+    def __init__(self, name: _Optional[str] = ..., samplers: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., share: _Optional[float] = ..., outstanding: _Optional[int] = ..., accepted: _Optional[int] = ..., probe_version: _Optional[int] = ..., probe_kl: _Optional[float] = ..., probe_max_abs: _Optional[float] = ..., useful_share: _Optional[float] = ..., idle_share: _Optional[float] = ..., samples_per_busy_s: _Optional[float] = ...) -> None: ...
 
 class SamplerStatus(_message.Message):
     __slots__ = ("session_id", "name", "group", "recipe", "accelerator", "accepted", "duplicates", "rejected", "rejections", "outstanding", "weights_version", "weight_failures", "last_seen_s_ago", "device", "verified_version", "probe_version", "probe_kl", "probe_max_abs", "probe_verdict", "probe_reason", "returned")

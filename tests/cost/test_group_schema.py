@@ -112,3 +112,29 @@ def test_a_mispriced_group_is_warned_once_not_per_replica(caplog):
         svc.stop(grace=0)
     said = [r for r in caplog.records if "priced as accelerator 'H100' but reports cpu" in r.getMessage()]
     assert [r.levelno for r in said] == [logging.WARNING, logging.INFO], [r.getMessage() for r in said]
+
+
+def test_status_carries_what_a_fleet_controller_scales_by():
+    """GroupStatus over real gRPC: ``idle_share`` (capacity not leased out), ``useful_share``
+    once the trainer fed one back (unset before), ``samples_per_busy_s``."""
+    from sampler_torch.client import RolloutClient
+    from trainer_jax.config import load_config
+    from trainer_jax.service import RolloutService
+
+    cfg = load_config(None, ["service.listen=127.0.0.1:0", "tasks.group_size=2"])
+    svc = RolloutService.from_config(cfg, token="t0k").start()
+    try:
+        c = RolloutClient(svc.address, "t0k", group="g", name="r0", capacity=8)
+        c.register()
+        before = {g.name: g for g in c.status().groups}["g"]
+        assert not before.HasField("useful_share") and before.idle_share == 1.0
+        leased = sum(len(t.sample_indices) for t in c.lease(2).tasks)
+        assert leased == 2
+        svc.router.observe("g", useful_share=0.75)
+        after = {g.name: g for g in c.status().groups}["g"]
+        assert after.useful_share == pytest.approx(0.75)
+        assert after.idle_share == pytest.approx(1 - 2 / 8)
+        assert after.samples_per_busy_s >= 0.0
+        c.close()
+    finally:
+        svc.stop(grace=0)

@@ -109,6 +109,12 @@ def test_autoscale_reads_the_wire_status():
     read = read_status(st, {"a": 8, "b": 8})
     assert read["a"]["tokens_per_s"] == 50.0 and read["a"]["idle_share"] == pytest.approx(0.75)
     assert read["b"]["idle_share"] is None  # no samplers: nothing measured, not idle
+    assert read["a"]["useful_share"] is None  # not fed back yet: the controller takes it as 1
+    # What the trainer reports now (GroupStatus.useful_share / idle_share) wins over the estimate.
+    st = pb.StatusResponse(groups=[pb.GroupStatus(name="a", samplers=2, tokens_per_s=50.0, outstanding=4,
+                                                  useful_share=0.4, idle_share=0.1)])
+    read = read_status(st, {"a": 8})
+    assert read["a"]["useful_share"] == pytest.approx(0.4) and read["a"]["idle_share"] == pytest.approx(0.1)
 
 
 def test_the_fleet_cli_and_render_load_no_ray_torch_or_jax():

@@ -20,10 +20,14 @@ def status_response(svc: RolloutService) -> pb.StatusResponse:
     groups = []
     for name, g in st["groups"].items():
         version, kl, max_abs = probed.get(name, (-1, 0.0, 0.0))
+        capacity = g.get("capacity") or 0
         groups.append(pb.GroupStatus(
             name=name, samplers=g["samplers"], tokens_per_s=g["tokens_per_s"], share=g["share"],
             outstanding=g["outstanding"], accepted=g["accepted"], probe_version=version,
-            probe_kl=kl, probe_max_abs=max_abs))
+            probe_kl=kl, probe_max_abs=max_abs, useful_share=g.get("useful_share"),
+            idle_share=(max(0.0, 1.0 - g["outstanding"] / capacity) if g["samplers"] and capacity > 0
+                        else None),
+            samples_per_busy_s=g.get("samples_per_busy_s") or 0.0))
     samplers = [pb.SamplerStatus(
         session_id=s["session_id"], name=s["name"], group=s["group"], recipe=pb.Recipe(**s["recipe"]),
         accelerator=s["accelerator"], accepted=s["accepted"], duplicates=s["duplicates"],
