@@ -88,7 +88,10 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
                     "the_jail_dies_with_its_owner_and_the_next_sandbox_cleans_up")]),
     "rewards": (["envs/rewards"], ["tests/envs/test_mutation_rewards.py", "tests/envs/test_rewards.py",
                                    "tests/envs/test_code_reward.py", "tests/envs/test_reward_workers.py"]),
-    "router": (["trainer_jax/service/router.py"], ["tests/service/test_service.py"]),
+    "router": (["trainer_jax/service/router.py"],
+               ["tests/service/test_mutation_router.py", "tests/cost/test_cost_accounting.py",
+                "tests/service/test_service.py::test_router_shares_follow_measured_throughput",
+                "tests/service/test_service.py::test_router_quota_limits_a_group_and_status_exports_shares"]),
 }
 # Left out of a run of every module: the sandbox's mutants run as root with its jail (one chowned /
 # and /tmp on the machine that ran it): name it, on a throwaway machine (docs/testing.md).
