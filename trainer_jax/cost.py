@@ -60,11 +60,12 @@ def useful_share(dropped: float | None, out_of_range: float | None) -> float | N
 
     ``dropped`` is a share of loss-mask tokens, ``out_of_range`` a share of the kept (valid)
     ones, as ``trainer_jax.objective.loss`` reports them; None when the step had none of them.
+    Every token dropped is a share of 0: the out-of-range mean is then over no token (NaN).
     """
-    if dropped is None or out_of_range is None:
+    if dropped is None or not math.isfinite(dropped):
         return None
-    if not (math.isfinite(dropped) and math.isfinite(out_of_range)):
-        return None
+    if out_of_range is None or not math.isfinite(out_of_range):
+        return 0.0 if dropped >= 1.0 else None
     return max(0.0, 1.0 - dropped) * max(0.0, 1.0 - out_of_range)
 
 
@@ -202,15 +203,21 @@ class CostLedger:
 
 
 def step_counts(status: Mapping, group_names: list[str], trained: Mapping[str, tuple[int, int]],
-                values: Mapping[str, float]) -> dict[str, StepCounts]:
+                values: Mapping[str, float], fresh: Mapping[str, float] | None = None
+                ) -> dict[str, StepCounts]:
     """The ledger's input from the service's ``status()``, the step's trained (samples, tokens)
-    per group and the step's metrics (``group/<g>/dropped`` / ``out_of_range``)."""
+    per group and the step's metrics (``group/<g>/dropped`` / ``out_of_range``). ``fresh``: the
+    share of each group's policy tokens within ``train.max_staleness`` (the rest were masked out
+    of the loss before the objective saw them, so its dropped share does not count them)."""
     groups = status.get("groups", {})
     out = {}
     for name in group_names:
         g = groups.get(name, {})
         n, tokens = trained.get(name, (0, 0))
         share = useful_share(values.get(f"group/{name}/dropped"), values.get(f"group/{name}/out_of_range"))
+        kept = (fresh or {}).get(name)
+        if kept is not None:
+            share = 0.0 if kept <= 0 else (None if share is None else share * kept)
         produced = int(g.get("accepted", 0)) - int(g.get("eval_accepted", 0))  # training samples
         out[name] = StepCounts(replicas=int(g.get("samplers", 0)), produced_total=produced,
                                busy_replica_s_total=float(g.get("busy_replica_s", 0.0)),
@@ -219,14 +226,18 @@ def step_counts(status: Mapping, group_names: list[str], trained: Mapping[str, t
     return out
 
 
-def router_feedback(values: Mapping[str, float], name: str) -> dict[str, float | None]:
+def router_feedback(values: Mapping[str, float], name: str,
+                    staleness: float | None = None) -> dict[str, float | None]:
     """What the trainer feeds policy cost for group ``name`` after a step (``Router.observe``):
-    its useful share, probe KL (else trained k3), out-of-range share and mean staleness."""
+    its useful share, probe KL (else trained k3), out-of-range share and mean staleness
+    (``staleness``: of all its trained policy tokens, before ``train.max_staleness`` masked any;
+    the objective's ``group/<g>/staleness`` averages only the tokens within it, so it can never
+    exceed the bound)."""
     probe = values.get(f"group/{name}/probe_kl")
     return {"useful_share": values.get(f"group/{name}/useful_share"),
             "k3": probe if probe is not None else values.get(f"group/{name}/k3"),
             "out_of_range": values.get(f"group/{name}/out_of_range"),
-            "staleness": values.get(f"group/{name}/staleness")}
+            "staleness": staleness if staleness is not None else values.get(f"group/{name}/staleness")}
 
 
 def status_text(values: Mapping[str, float]) -> str:
@@ -259,22 +270,36 @@ class TrainerCost:
     def step(self, service, group_names: list[str], samples, taken, values: Mapping[str, float]) -> dict:
         now = self.clock()
         wall_s, self._last = now - self._last, now
-        trained: dict[str, list[int]] = {g: [0, 0] for g in group_names}
+        version = values.get("version")  # the trainer version the step's batch was packed at
+        cap = getattr(service.router, "max_staleness", None)  # train.max_staleness
+        # per group: samples, policy tokens, tokens over the cap, versions behind summed
+        trained: dict[str, list[float]] = {g: [0, 0, 0, 0.0] for g in group_names}
         for i in taken:
             s = samples[i]
             name = group_names[s.group] if 0 <= s.group < len(group_names) else None
             if name is not None:
-                trained[name][0] += 1
-                trained[name][1] += int(s.loss_mask.sum())
+                t = trained[name]
+                t[0] += 1
+                t[1] += int(s.loss_mask.sum())
+                if version is not None:
+                    behind = int(version) - s.versions
+                    t[2] += int((behind > cap).sum()) if cap is not None else 0
+                    t[3] += float(behind.sum())
         status = service.status()
-        counts = step_counts(status, group_names, {g: tuple(v) for g, v in trained.items()}, values)
+        fresh = ({g: 1.0 - t[2] / t[1] for g, t in trained.items() if t[1]}
+                 if cap is not None and version is not None else None)
+        counts = step_counts(status, group_names, {g: (int(t[0]), int(t[1])) for g, t in trained.items()},
+                             values, fresh)
         out = self.ledger.step(wall_s, counts)
+        for name, kept in (fresh or {}).items():  # tokens masked out of the loss for staleness
+            out[f"group/{name}/stale_share"] = 1.0 - kept
         for name, g in status.get("groups", {}).items():  # the router's split, whichever policy
             out[f"group/{name}/lease_share"] = float(g.get("share", 0.0))
             if g.get("samples_per_busy_s"):  # what policy cost routes on (and a planner may read)
                 out[f"group/{name}/samples_per_busy_replica_s"] = float(g["samples_per_busy_s"])
         merged = {**values, **out}
+        behind = {g: t[3] / t[1] for g, t in trained.items() if t[1] and version is not None}
         with service.scheduler.lock:
             for name in group_names:
-                service.router.observe(name, **router_feedback(merged, name))
+                service.router.observe(name, **router_feedback(merged, name, behind.get(name)))
         return out

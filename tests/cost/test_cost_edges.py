@@ -1,0 +1,64 @@
+"""Edge cases of the useful share and of policy cost's staleness bound (trainer_jax.cost): a group
+whose tokens were all dropped, and tokens masked out of the loss for ``train.max_staleness``."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from trainer_jax.batching import Sample
+from trainer_jax.config import load_config
+from trainer_jax.cost import TrainerCost, useful_share
+
+
+def test_a_group_whose_tokens_were_all_dropped_has_useful_share_zero():
+    # The objective's out_of_range is a mean over the kept tokens: with none kept it is NaN, and
+    # the share is 0 (every token dropped), not unknown.
+    assert useful_share(1.0, float("nan")) == 0.0
+    assert useful_share(1.0, None) == 0.0
+    assert useful_share(0.5, float("nan")) is None  # some kept yet no out-of-range figure: unknown
+    assert useful_share(float("nan"), float("nan")) is None  # no token of the group at all
+
+
+def _sample(group: int, versions: list[int]) -> Sample:
+    p = len(versions)
+    return Sample(token_ids=np.arange(p + 1, dtype=np.int32),
+                  loss_mask=np.array([0] + [1] * p, np.int32),
+                  logprobs=np.zeros(p, np.float32), head_ids=np.zeros((p, 1), np.int32),
+                  head_logprobs=np.zeros((p, 1), np.float32),
+                  support_indptr=np.zeros(p + 1, np.int32), support_ids=np.zeros(0, np.int32),
+                  support_logprobs=np.zeros(0, np.float32), versions=np.array(versions, np.int32),
+                  group=group)
+
+
+def test_stale_tokens_are_not_useful_and_trip_the_staleness_bound():
+    """``train.max_staleness: 1`` at trainer version 5: ``fresh``'s tokens are 0-1 versions
+    behind, ``old``'s 3 (all masked out of the loss by the packer, so the objective's own
+    staleness and dropped metrics never see them). ``old`` is not useful and is over the bound;
+    ``fresh`` keeps its share and stays within."""
+    from trainer_jax.service import RolloutService
+
+    cfg = load_config(None, ["service.listen=127.0.0.1:0", "train.max_staleness=1",
+                             "service.router.policy=cost",
+                             "groups=[{name: fresh, spawn: false, price_per_hour: 2.0},"
+                             " {name: old, spawn: false, price_per_hour: 1.0}]"])
+    svc = RolloutService.from_config(cfg, token="t0k")  # not started: status() and the router
+    clock = [0.0]
+    cost = TrainerCost(cfg.group_prices(), {}, clock=lambda: clock[0])
+    samples = [_sample(0, [5, 4, 4, 5]), _sample(0, [4, 4, 4, 4]), _sample(1, [2, 2, 2, 2])]
+    # What the objective reports over the tokens it saw: fresh's 8, 1/4 of the kept out of range;
+    # old's none at all (NaN: no token of it reached the loss).
+    nan = float("nan")
+    values = {"version": 5, "group/fresh/dropped": 0.0, "group/fresh/out_of_range": 0.25,
+              "group/fresh/staleness": 0.625, "group/old/dropped": nan, "group/old/out_of_range": nan,
+              "group/old/staleness": nan}
+    clock[0] = 10.0
+    out = cost.step(svc, ["fresh", "old"], samples, [0, 1, 2], values)
+    assert out["group/fresh/useful_share"] == pytest.approx(0.75)
+    assert out["group/old/useful_share"] == 0.0
+    assert out["group/old/stale_share"] == 1.0 and out["group/fresh/stale_share"] == 0.0
+    g = cost.ledger.groups
+    assert g["old"].useful_samples == 0.0 and g["fresh"].useful_samples == pytest.approx(1.5)
+    router = svc.router.groups
+    assert router["old"].useful_share == 0.0 and router["old"].stale
+    assert not router["fresh"].stale
