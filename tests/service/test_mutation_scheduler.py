@@ -10,6 +10,7 @@ import pytest
 from mixrl_wire import pb
 from trainer_jax.config import load_config
 from trainer_jax.service import RolloutService
+from trainer_jax.service.sessions import Rejected
 
 
 @pytest.fixture
@@ -45,3 +46,21 @@ def test_the_version_only_moves_forward(scheduler):
     with pytest.raises(ValueError, match="version 2 is older than the current 3"):
         scheduler.set_version(2)
     assert scheduler.snapshot()["current_version"] == 3
+
+
+def test_a_session_can_return_only_its_own_leases(scheduler):
+    # Both directions: session ids are random, so one of the two has the larger id whichever way
+    # a wrong comparison leans.
+    a = scheduler.register(pb.RegisterRequest(group="bf16", capacity=2, name="a"), "peer-a")
+    b = scheduler.register(pb.RegisterRequest(group="bf16", capacity=2, name="b"), "peer-b")
+    (ta,) = scheduler.lease(pb.LeaseRequest(session_id=a.id, max_samples=2)).tasks
+    (tb,) = scheduler.lease(pb.LeaseRequest(session_id=b.id, max_samples=2)).tasks
+    for who, lease in ((b, ta), (a, tb)):
+        with pytest.raises(Rejected, match="not a live lease of this session") as refused:
+            scheduler.return_lease(pb.ReturnLeaseRequest(session_id=who.id, lease_id=lease.lease_id))
+        assert refused.value.field == "lease_id"
+    assert set(scheduler.leases) == {ta.lease_id, tb.lease_id}
+    pending = scheduler.pending_samples
+    scheduler.return_lease(pb.ReturnLeaseRequest(session_id=a.id, lease_id=ta.lease_id, reason="busy"))
+    assert set(scheduler.leases) == {tb.lease_id} and scheduler.pending_samples == pending + 2
+    assert dict(a.returned) == {"busy": 2}
