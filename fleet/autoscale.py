@@ -67,7 +67,7 @@ def read_status(status, capacity: Mapping[str, int]) -> dict[str, dict[str, floa
     ``capacity``: the samples a replica of each group leases per round."""
     out: dict[str, dict[str, float | None]] = {}
     for g in status.groups:
-        useful = float(g.useful_share) if _has(g, "useful_share") and g.useful_share > 0 else None
+        useful = float(g.useful_share) if _has(g, "useful_share") else None  # 0: all masked
         if _has(g, "idle_share"):
             idle: float | None = float(g.idle_share)
         elif g.samplers > 0 and capacity.get(g.name):
