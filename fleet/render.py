@@ -137,7 +137,10 @@ def render(args) -> list[Path]:
     """Write the files for ``args`` (``mixrl-fleet render``); their paths."""
     cfg = load_fleet_config(args.config, getattr(args, "plan", None))
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise FleetError(f"--out {out}: cannot be made a directory ({e.strerror or e})") from None
     written = []
     for g in fleet_groups(cfg):
         if args.target == "k8s":
@@ -149,6 +152,9 @@ def render(args) -> list[Path]:
                 continue
             doc = skypilot_task(g, cfg.run.name, trainer=args.trainer)
             path = out / f"{dns_name(cfg.run.name, g.name)}.sky.yaml"
-        path.write_text(yaml.safe_dump(doc, sort_keys=False, width=1 << 16))
+        try:
+            path.write_text(yaml.safe_dump(doc, sort_keys=False, width=1 << 16))
+        except OSError as e:
+            raise FleetError(f"--out {out}: cannot write {path.name} ({e.strerror or e})") from None
         written.append(path)
     return written
