@@ -13,15 +13,19 @@ from trainer_jax.service import RolloutService
 from trainer_jax.service.sessions import Rejected
 
 
-@pytest.fixture
-def scheduler():
+def _scheduler(*overrides: str):
     cfg = load_config(None, ["service.listen=127.0.0.1:0", "tasks.group_size=2",
-                             "tasks.sampling.max_new_tokens=8"])
+                             "tasks.sampling.max_new_tokens=8", *overrides])
     sched = RolloutService.from_config(cfg, token="t").scheduler
     now = [1000.0]
     sched.clock = lambda: now[0]
     sched.now = now
     return sched
+
+
+@pytest.fixture
+def scheduler():
+    return _scheduler()
 
 
 def test_an_expired_session_leaves_its_groups_sampler_and_capacity_counts(scheduler):
@@ -64,3 +68,13 @@ def test_a_session_can_return_only_its_own_leases(scheduler):
     scheduler.return_lease(pb.ReturnLeaseRequest(session_id=a.id, lease_id=ta.lease_id, reason="busy"))
     assert set(scheduler.leases) == {tb.lease_id} and scheduler.pending_samples == pending + 2
     assert dict(a.returned) == {"busy": 2}
+
+
+def test_a_refused_lease_names_why_with_one_slot_of_the_buffer_left():
+    # 3 trajectories of room, 2 leased: one slot is free, so the buffer is not what stops the
+    # session asking again; its own outstanding limit (capacity 2) is.
+    sched = _scheduler("service.buffer.max_trajectories=3")
+    s = sched.register(pb.RegisterRequest(group="bf16", capacity=2, name="a"), "peer-a")
+    assert len(sched.lease(pb.LeaseRequest(session_id=s.id, max_samples=2)).tasks) == 1
+    again = sched.lease(pb.LeaseRequest(session_id=s.id, max_samples=2))
+    assert not again.tasks and again.reason == "session at its outstanding limit", again
