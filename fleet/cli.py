@@ -33,7 +33,7 @@ def _parser() -> argparse.ArgumentParser:
     def ray_args(q: argparse.ArgumentParser) -> None:
         q.add_argument("--address", default="auto", help="Ray cluster address (default auto: this node's)")
         q.add_argument("--name", default=None, help="fleet (controller) name; default the config's "
-                       "run.name (up), 'run' otherwise")
+                       "run.name (up), the cluster's only fleet (status, down)")
 
     up = sub.add_parser("up", help="start the fleet's replicas on Ray (or re-target a running fleet)")
     up.add_argument("--config", required=True, help="the run config the trainer runs")
@@ -103,6 +103,17 @@ def _connect(address: str):
         raise FleetError(f"no Ray cluster at --address {address} ({' '.join(str(e).split())[:200]}): "
                          "start one with `ray start --head` or pass its address") from None
     return ray
+
+
+def fleet_name(name: str | None, named: list[str]) -> str:
+    """The fleet ``status`` / ``down`` act on: ``--name``, else the only fleet among ``named``
+    (the cluster's named actors in the namespace: controllers only). ``up`` names a fleet after
+    the config's ``run.name``, which these commands do not read; several fleets need ``--name``."""
+    if name:
+        return name
+    if len(named) > 1:
+        raise FleetError(f"{len(named)} fleets on this cluster ({', '.join(sorted(named))}): pass --name")
+    return named[0] if named else "run"
 
 
 def _controller(ray, name: str):
@@ -179,7 +190,7 @@ def up(args) -> int:
 
 def status(args) -> int:
     ray = _connect(args.address)
-    name = args.name or "run"
+    name = fleet_name(args.name, [] if args.name else ray.util.list_named_actors())
     ctrl = _controller(ray, name)
     if ctrl is None:
         print(f"mixrl-fleet: no fleet named {name!r} on this cluster (namespace {NAMESPACE})",
@@ -191,7 +202,7 @@ def status(args) -> int:
 
 def down(args) -> int:
     ray = _connect(args.address)
-    name = args.name or "run"
+    name = fleet_name(args.name, [] if args.name else ray.util.list_named_actors())
     ctrl = _controller(ray, name)
     if ctrl is None:
         print(f"mixrl-fleet: no fleet named {name!r} on this cluster (namespace {NAMESPACE})",
