@@ -108,6 +108,35 @@ def test_a_waiting_call_gets_503_when_the_endpoint_closes():
     assert out and out[0][0] == 503
 
 
+def test_an_episode_that_wants_logprobs_gets_each_turns_through_a_worker():
+    """The driver hands ``turn_logprobs`` to an episode that ``wants_logprobs`` before ``step``;
+    through ``envs.isolated``'s worker they ride the step request (``logprobs_env`` answers with
+    them, scaled to ids)."""
+    from convert.tokenizer import char_tokenizer
+    from envs.isolated import IsolatedEnvironment
+    from envs.rollout import run_episodes
+    from mixrl_wire.sampling import SamplingParams
+
+    env = IsolatedEnvironment("logprob_env:LogprobEnv", char_tokenizer(), options={"timeout_s": 60})
+    try:
+        episode = env.start(env.sample_task_at(np.random.default_rng(0), "t0", 0))
+        assert episode.wants_logprobs
+        turns = iter([([5, 6], [-0.4, -0.7]), ([7], [-1.2])])
+
+        def generate(prompts, params):
+            ids, lps = next(turns, ([8], []))
+            return [SimpleNamespace(token_ids=ids, logprobs=lps, logprobs_full=lps, versions=[0] * len(ids),
+                                    head_ids=[], head_logprobs=[], support_ids=None, support_logprobs=None)]
+
+        (rec,) = run_episodes(generate, [episode], SamplingParams(max_new_tokens=4, head_k=0),
+                              max_total_tokens=64)
+        episode.close()
+    finally:
+        env.close()
+    assert rec.token_ids.tolist() == [1, 2, 5, 6, 4, 7, 7, 12, 8]  # observations: the log-probs x -10
+    assert rec.termination == "answered"
+
+
 # -- episodes with the real package -----------------------------------------------------------
 
 pytest.importorskip("verifiers.v1", reason="the verifiers extra is not installed")
