@@ -62,3 +62,17 @@ def test_stale_tokens_are_not_useful_and_trip_the_staleness_bound():
     router = svc.router.groups
     assert router["old"].useful_share == 0.0 and router["old"].stale
     assert not router["fresh"].stale
+
+
+def test_policy_cost_refuses_a_free_group_at_load(tmp_path):
+    """Policy cost weighs by useful samples per dollar: a group at 0 USD/h has no finite weight
+    (the router would floor it as unpriced). One line at load, not a starved group in the run."""
+    from trainer_jax.config import ConfigError
+
+    path = tmp_path / "c.yaml"
+    path.write_text("service: {router: {policy: cost}}\nprices: {cpu: 0}\n"
+                    "groups: [{name: a, price_per_hour: 2.0}, {name: own, accelerator: cpu}]\n")
+    with pytest.raises(ConfigError, match=r"policy cost: group 'own' costs 0 USD/h") as e:
+        load_config(path)
+    assert "\n" not in str(e.value)
+    load_config(path, ["service.router.policy=throughput"])  # the ledger takes a free group

@@ -77,6 +77,11 @@ class RunConfig(_Strict):
             if unpriced:
                 raise ValueError(f"service.router.policy cost: group {unpriced[0]!r} has no price (set its "
                                  "price_per_hour, or its accelerator with an entry in prices:)")
+            free = [g.name for g in self.groups if self.price_of(g) == 0]
+            if free:  # useful samples per dollar has no finite value: the router would floor it
+                raise ValueError(f"service.router.policy cost: group {free[0]!r} costs 0 USD/h, so it has "
+                                 "no useful samples per dollar to route by (give it a price > 0, or use "
+                                 "policy throughput)")
         if self.groups and router.max_share * len(self.groups) < 1:
             raise ValueError(f"service.router.max_share ({router.max_share}) x {len(self.groups)} groups "
                              "is below 1: the leases cannot all be placed")
