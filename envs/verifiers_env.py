@@ -378,7 +378,10 @@ class VerifiersEnvironment(Environment):
         return Task(task_id, self.name, {"data": task.data.model_dump(mode="json", exclude_none=True)})
 
     def sample_task(self, rng, task_id: str) -> Task:
-        return self.sample_task_at(rng, task_id, int(rng.integers(0, 2**31 - 1)) % 1_000_003)
+        """A random task: of the whole taskset, or of an infinite one's first 1,024."""
+        self._task_at(0)
+        n = len(self._tasks) if self._iter is None else 1024
+        return self.sample_task_at(rng, task_id, int(rng.integers(0, n)))
 
     # -- episodes --------------------------------------------------------------------------
     @property
