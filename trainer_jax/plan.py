@@ -68,6 +68,8 @@ class GroupMeasure:
         router's tokens/s per replica (realised: idle time included) and tokens per sample."""
         if not math.isnan(self.rate):
             return self.rate
+        if not self.tokens_per_sample > 0:  # NaN (no sample) or 0 (no token kept): unmeasured
+            return math.nan
         per_replica = self.tokens_per_s / max(self.replicas, 1e-9)
         return per_replica / self.tokens_per_sample * 3600 * self.useful_share
 

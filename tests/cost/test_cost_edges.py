@@ -76,3 +76,35 @@ def test_policy_cost_refuses_a_free_group_at_load(tmp_path):
         load_config(path)
     assert "\n" not in str(e.value)
     load_config(path, ["service.router.policy=throughput"])  # the ledger takes a free group
+
+
+def test_plan_survives_a_group_whose_trained_tokens_were_all_dropped(tmp_path, capsys):
+    """A run without the cost ledger where group ``z`` trained samples but kept no token (its
+    ``group/z/tokens`` 0, no out-of-range figure): the planner excludes it with a reason instead
+    of dividing by its 0 tokens per sample."""
+    import json
+
+    import yaml
+
+    from trainer_jax.plan import plan_main
+
+    run = tmp_path / "run"
+    run.mkdir()
+    rows = []
+    for s in range(1, 5):
+        rows.append({"step": s, "samples_trained": 20.0,
+                     "group/a/sample_share": 0.5, "group/a/tokens": 100.0, "group/a/tokens_per_s": 50.0,
+                     "group/a/k3": 0.01, "group/a/out_of_range": 0.0, "group/a/dropped": 0.0,
+                     "group/z/sample_share": 0.5, "group/z/tokens": 0.0, "group/z/tokens_per_s": 50.0,
+                     "group/z/dropped": 1.0})
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    priced = {"a": {"accelerator": "H100", "price_per_hour": 2.0},
+              "z": {"accelerator": "L4", "price_per_hour": 1.0}}
+    (run / "summary.json").write_text(json.dumps({"cost": {"groups": priced}}))
+    limits = tmp_path / "limits.yaml"
+    limits.write_text("source: a test's own figures\n")
+    out = tmp_path / "plan.yaml"
+    assert plan_main([str(run), "--budget", "4", "--limits", str(limits), "--out", str(out)]) == 0
+    plan = yaml.safe_load(out.read_text())
+    assert {g["name"]: g["processes"] for g in plan["groups"]} == {"a": 2, "z": 0}
+    assert "z" in plan["excluded"]
