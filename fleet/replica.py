@@ -94,12 +94,15 @@ class Replica:
         except FetchError as e:
             with self._lock:
                 self.state_, self.detail = "dead", f"weights: {e}"
+            if self._stop.is_set():
+                shutil.rmtree(self.dir, ignore_errors=True)  # what the fetch wrote after stop()'s removal
             return
         cmd = sampler_command(self.python, self.trainer, self.sampler_args, model_dir=path,
                               token_file=self.token_file, name=self.name, cache=self.dir / "cache",
                               transfer=self.transfer, parent=os.getpid())
         with self._lock:
-            if self._stop.is_set():
+            if self._stop.is_set():  # stopped during the fetch: its removal may predate the download
+                shutil.rmtree(self.dir, ignore_errors=True)
                 return
             log = open(self.dir / "sampler.log", "ab")
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,

@@ -54,6 +54,8 @@ def fetch_current(trainer: str, token: str, *, group: str, recipe: str, name: st
             waited += 0.2
             if waited >= timeout_s or (stop is not None and stop.is_set()):
                 raise FetchError(f"no weight version from {trainer} within {timeout_s:g} s")
+        if stop is not None and stop.is_set():  # no download for a replica already stopped
+            raise FetchError("stopped before the weights were fetched")
         if not found:
             raise FetchError(f"{trainer}: the weight stream ended before a version arrived")
         if isinstance(found[0], RolloutError):
