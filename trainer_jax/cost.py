@@ -4,8 +4,9 @@ A group's price is USD per replica-hour (``SamplerGroupConfig.price_per_hour``, 
 ``prices:`` table keyed by its ``accelerator``). Each training step the ledger charges every group
 its live replicas x the step's wall time (*realised* cost: idle replicas are paid for) and counts
 what the group produced (samples accepted by the service) and what was trained from it. A trained
-token is *useful* when the objective kept it: not dropped as an inconsistent record and with its
-importance ratio inside [c_min, c_max] (the objective's ``group/<g>/dropped`` and
+token is *useful* when the objective kept it: not masked for ``train.max_staleness`` (counted here,
+``group/<g>/stale_share``: the objective never sees those), not dropped as an inconsistent record
+and with its importance ratio inside [c_min, c_max] (the objective's ``group/<g>/dropped`` and
 ``group/<g>/out_of_range`` metrics; the latter is a share of the kept tokens). A group's useful
 share is useful tokens / policy tokens; its useful samples are its trained samples x that share
 (a token-weighted estimate of the per-sample shares, which the learner does not report).
