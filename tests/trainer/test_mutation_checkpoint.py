@@ -12,8 +12,6 @@ import logging
 
 from convert.store import LATEST, version_dirname
 from trainer_jax.checkpoint import (
-    _TMP_MARK,
-    Checkpointer,
     _DropOrbaxErrors,
     _one_line,
     _orbax_errors_raised_not_logged,
@@ -119,20 +117,3 @@ def test_a_long_error_is_one_line_keeping_both_ends():
     assert line.startswith("OSError: write failed: aaa") and line.endswith("bbb [Errno 28] No space left")
     assert _one_line(ValueError("short\n  one")) == "ValueError: short one"
 
-
-def test_a_failed_save_leaves_no_temporary_directory_of_its_step(tmp_path):
-    # What orbax leaves of a failed save of step 7 is removed; another step's is not touched here
-    # (it is removed when a Checkpointer next opens the directory).
-    ckpt = Checkpointer(tmp_path / "ckpt")
-    try:
-        failed = [ckpt.directory / f"7{_TMP_MARK}-{i}" for i in (1, 2)]
-        other = ckpt.directory / f"8{_TMP_MARK}-1"
-        for d in [*failed, other]:
-            (d / "state").mkdir(parents=True)
-        ckpt._clear_failed(7)
-        assert not any(d.exists() for d in failed) and other.is_dir()
-    finally:
-        ckpt.close()
-    reopened = Checkpointer(tmp_path / "ckpt")
-    reopened.close()
-    assert not other.exists() and len(reopened.notes) == 1 and "interrupted checkpoint" in reopened.notes[0]
