@@ -96,6 +96,13 @@ class Episode(abc.ABC):
         """The counts ``note_error`` kept, by reason."""
         return dict(self.__dict__.get("_errors", {}))
 
+    @property
+    def reward_parts(self) -> dict[str, float]:
+        """The reward's named components once the episode ended (a rubric's reward functions),
+        sent as ``Trajectory.reward_parts`` and logged as ``env/<entry>/reward/<name>``; most
+        episodes have none."""
+        return {}
+
     def __enter__(self) -> Episode:
         return self
 

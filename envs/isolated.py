@@ -43,6 +43,7 @@ from tokenizers import Tokenizer
 from convert.tokenizer import source_dir
 from envs.base import ENVIRONMENTS, TERMINATIONS, Environment, Episode, StepResult, Task, make_env
 from envs.loading import resolve_env, timeout_s
+from mixrl_wire.reward_parts import clean as clean_reward_parts
 
 log = logging.getLogger("mixrl.envs")
 _ROOT = str(Path(__file__).resolve().parents[1])
@@ -158,7 +159,12 @@ class IsolatedEpisode(Episode):
         self.env, self._worker = env, worker
         self.prompt, self.stop_token_ids = prompt, tuple(stop)
         self._inner: dict[str, int] = errors
+        self._parts: dict[str, float] = {}
         self.wants_logprobs, self.turn_logprobs = False, None  # set by start / the episode driver
+
+    @property
+    def reward_parts(self) -> dict[str, float]:
+        return dict(self._parts)
 
     @property
     def errors(self) -> dict[str, int]:
@@ -186,6 +192,7 @@ class IsolatedEpisode(Episode):
                 self._worker = None
             return self._end(e.reason, str(e))
         self._inner = _counts(a.get("errors"))
+        self._parts = clean_reward_parts(a.get("reward_parts"))
         observation, reward, done, termination = (a.get("observation"), a.get("reward"),
                                                   a.get("done"), a.get("termination"))
         if type(done) is not bool or (done and termination not in TERMINATIONS):

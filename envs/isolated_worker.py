@@ -116,7 +116,8 @@ class _Server:
             if not isinstance(observation, list | tuple):
                 observation = _plain(observation)
             return {"observation": observation, "reward": result.reward, "done": result.done,
-                    "termination": result.termination, "errors": self._errors()}
+                    "termination": result.termination, "errors": self._errors(),
+                    "reward_parts": self._reward_parts() if result.done else {}}
         if op == "close":
             self._close()
             return {}
@@ -124,6 +125,10 @@ class _Server:
 
     def _errors(self) -> dict:
         return self.episode.errors if hasattr(self.episode, "errors") else {}
+
+    def _reward_parts(self) -> dict:
+        parts = getattr(self.episode, "reward_parts", None)  # JSON-encoded with _plain (numpy)
+        return dict(parts) if isinstance(parts, dict) else {}
 
     def _close(self) -> None:
         episode, self.episode = self.episode, None

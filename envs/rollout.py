@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from envs.base import Episode
+from mixrl_wire.reward_parts import clean as clean_reward_parts
 
 log = logging.getLogger("mixrl.envs")
 # Exception types already logged with their traceback: a model that trips the same bug every
@@ -40,6 +41,7 @@ class EpisodeRecord:
     termination: str
     turns: int
     errors: dict[str, int] = dataclasses.field(default_factory=dict)  # Episode.note_error counts
+    reward_parts: dict[str, float] = dataclasses.field(default_factory=dict)  # Episode.reward_parts
 
     @property
     def prompt_len(self) -> int:
@@ -91,7 +93,19 @@ class _Builder:
             support_ids=np.asarray(self.support_ids, np.int32),
             support_logprobs=np.asarray(self.support_logprobs, np.float32),
             versions=np.asarray(self.versions, np.int32), reward=self.reward,
-            termination=self.termination, turns=self.turns, errors=self.episode.errors)
+            termination=self.termination, turns=self.turns, errors=self.episode.errors,
+            reward_parts=self._reward_parts())
+
+    def _reward_parts(self) -> dict[str, float]:
+        """The episode's named reward components, cleaned for the wire; none for an episode that
+        did not end on its own (an error, a stop) or whose environment code raised here."""
+        if self.termination in ("error", "stopped"):
+            return {}
+        try:
+            return clean_reward_parts(self.episode.reward_parts)
+        except Exception as e:  # noqa: BLE001 - environment code: never the end of the sampler
+            _log_once(e)
+            return {}
 
 
 def segments(loss_mask: np.ndarray) -> list[tuple[int, int, bool]]:

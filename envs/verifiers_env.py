@@ -266,6 +266,11 @@ class VerifiersEpisode(Episode):
             reward = 0.0
         return StepResult([], float(reward), True, "answered")
 
+    @property
+    def reward_parts(self) -> dict[str, float]:
+        """Each rubric reward function's score, summed over the episode's trainable traces."""
+        return dict(self.reward_values)
+
     def close(self) -> None:
         """Cancel the run if it is still going (the turn budget ended it) and release its route."""
         future, self._future = self._future, None

@@ -30,6 +30,7 @@ _F32 = struct.Struct("<f")
 _F64 = struct.Struct("<d")
 _U64 = 0xFFFFFFFFFFFFFFFF
 _ZERO8 = bytes(8)  # +0.0: a proto3 double at its default (-0.0 is written)
+_ZERO4 = bytes(4)  # +0.0 as a proto3 float
 
 
 def varint(value: int) -> bytes:
@@ -48,7 +49,7 @@ def _key(num: int, wire_type: int) -> bytes:
     return varint((num << 3) | wire_type)
 
 
-_KEYS = {num: _key(num, 2) for num in range(1, 18)}
+_KEYS = {num: _key(num, 2) for num in range(1, 19)}
 
 
 def _len_field(num: int, payload: bytes) -> bytes:
@@ -89,12 +90,13 @@ def _f32(x: float) -> bytes:
 
 def encode_fields(*, session_id: str = "", lease_id: str = "", task_id: int = 0, sample_index: int = 0,
                   arrays: Mapping[str, np.ndarray], reward: float | None = None,
-                  finish_reason: str = "", timings: tuple[float, float] | None = (0.0, 0.0)) -> bytes:
+                  finish_reason: str = "", timings: tuple[float, float] | None = (0.0, 0.0),
+                  reward_parts: Mapping[str, float] | None = None) -> bytes:
     """A serialized ``mixrl.v1.Trajectory``.
 
     ``arrays``: field name -> C-contiguous array of its wire dtype (int32, int64, float32, uint8);
     absent names are unset fields. ``timings``: ``(queue_ms, generate_ms)``, or ``None`` to leave
-    the ``Timings`` message unset.
+    the ``Timings`` message unset. ``reward_parts``: name -> value, one ``RewardPart`` each.
     """
     if not 0 <= task_id < 2**64:
         raise ValueError(f"task_id {task_id} is not a uint64")
@@ -118,6 +120,10 @@ def encode_fields(*, session_id: str = "", lease_id: str = "", task_id: int = 0,
     if timings is not None:
         packed = [(tag, _F64.pack(v)) for tag, v in zip((b"\x09", b"\x11"), timings, strict=True)]
         parts.append(_len_field(17, b"".join(tag + v for tag, v in packed if v != _ZERO8)))
+    for name, value in (reward_parts or {}).items():
+        # a proto3 float of +0.0 is not written (the runtime's encoding, byte for byte)
+        value_field = b"" if _f32(float(value)) == _ZERO4 else b"\x15" + _f32(float(value))
+        parts.append(_len_field(18, string_field(1, str(name)) + value_field))
     return b"".join(parts)
 
 
@@ -182,7 +188,8 @@ def _wire_array(values, dtype: str) -> np.ndarray:
 def encode_trajectory(task: pb.Task, sample_index: int, *, token_ids, logprobs, logprobs_full, versions,
                       head_ids, head_logprobs, loss_mask=None, support_ids=None, support_logprobs=None,
                       reward: float | None = None, finish_reason: str = "", queue_ms: float = 0.0,
-                      generate_ms: float = 0.0, session_id: str = "") -> EncodedTrajectory:
+                      generate_ms: float = 0.0, session_id: str = "",
+                      reward_parts: Mapping[str, float] | None = None) -> EncodedTrajectory:
     """The trajectory of sample ``sample_index`` of a leased ``task``, as wire bytes.
 
     ``token_ids``: all tokens after the prompt; ``loss_mask`` (default: all policy tokens) marks
@@ -204,7 +211,8 @@ def encode_trajectory(task: pb.Task, sample_index: int, *, token_ids, logprobs, 
     data = encode_fields(session_id=session_id, lease_id=task.lease_id, task_id=task.task_id,
                          sample_index=sample_index, arrays=arrays,
                          reward=None if reward is None else float(reward),
-                         finish_reason=finish_reason, timings=(float(queue_ms), float(generate_ms)))
+                         finish_reason=finish_reason, timings=(float(queue_ms), float(generate_ms)),
+                         reward_parts=reward_parts)
     return EncodedTrajectory(task.task_id, sample_index, data, session_id)
 
 

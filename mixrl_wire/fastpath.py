@@ -44,6 +44,7 @@ class WireTrajectory:
     finish_reason: str = ""
     queue_ms: float = 0.0
     generate_ms: float = 0.0
+    reward_parts: list[tuple[str, float]] = dataclasses.field(default_factory=list)
 
 
 class _Malformed(Exception):
@@ -149,11 +150,25 @@ def parse_trajectory(data: bytes) -> WireTrajectory | None:
                 t.sample_index = _int32(val)
             elif num == 15 and wt == 5:
                 t.reward = _F32.unpack_from(buf, val[0])[0]
-            elif num <= 17:
+            elif num == 18 and wt == 2:
+                t.reward_parts.append(_reward_part(buf, *val))
+            elif num <= 18:
                 return None  # a known field with an unexpected wire type
     except (_Malformed, UnicodeDecodeError):
         return None
     return t
+
+
+def _reward_part(buf: memoryview, start: int, stop: int) -> tuple[str, float]:
+    name, value = "", 0.0
+    for num, wt, val in _fields(buf, start, stop):
+        if num == 1 and wt == 2:
+            name = str(buf[val[0]:val[1]], "utf-8")
+        elif num == 2 and wt == 5:
+            value = _F32.unpack_from(buf, val[0])[0]
+        elif num in (1, 2):
+            raise _Malformed
+    return name, value
 
 
 def _timings(buf: memoryview, start: int, stop: int) -> tuple[float, float]:
@@ -179,7 +194,8 @@ def from_message(msg: pb.Trajectory) -> WireTrajectory:
                           sample_index=msg.sample_index, arrays=arrays,
                           reward=msg.reward if msg.HasField("reward") else None,
                           finish_reason=msg.finish_reason, queue_ms=msg.timings.queue_ms,
-                          generate_ms=msg.timings.generate_ms)
+                          generate_ms=msg.timings.generate_ms,
+                          reward_parts=[(p.name, p.value) for p in msg.reward_parts])
 
 
 def decode_trajectory(data: bytes) -> WireTrajectory:

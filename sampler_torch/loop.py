@@ -394,7 +394,8 @@ def _from_episode(rec, prompt_len: int, sampling: pb.SamplingParams) -> dict:
                logprobs=rec.logprobs, logprobs_full=rec.logprobs_full, versions=rec.versions,
                head_ids=rec.head_ids.reshape(p, sampling.head_k),
                head_logprobs=rec.head_logprobs.reshape(p, sampling.head_k),
-               reward=rec.reward, finish_reason=finish_reason(rec.termination, rec.errors))
+               reward=rec.reward, finish_reason=finish_reason(rec.termination, rec.errors),
+               reward_parts=rec.reward_parts or None)
     if len(rec.support_ids):
         rows = [rec.support_ids[rec.support_indptr[t]:rec.support_indptr[t + 1]] for t in range(p)]
         lps = [rec.support_logprobs[rec.support_indptr[t]:rec.support_indptr[t + 1]] for t in range(p)]

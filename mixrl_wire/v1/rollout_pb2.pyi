@@ -264,7 +264,7 @@ class Timings(_message.Message):
     def __init__(self, queue_ms: _Optional[float] = ..., generate_ms: _Optional[float] = ...) -> None: ...
 
 class Trajectory(_message.Message):
-    __slots__ = ("session_id", "lease_id", "task_id", "sample_index", "token_ids", "loss_mask", "logprobs", "logprobs_full", "versions", "head_ids", "head_logprobs", "support_indptr", "support_ids", "support_logprobs", "reward", "finish_reason", "timings")
+    __slots__ = ("session_id", "lease_id", "task_id", "sample_index", "token_ids", "loss_mask", "logprobs", "logprobs_full", "versions", "head_ids", "head_logprobs", "support_indptr", "support_ids", "support_logprobs", "reward", "finish_reason", "timings", "reward_parts")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
@@ -282,6 +282,7 @@ class Trajectory(_message.Message):
     REWARD_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     TIMINGS_FIELD_NUMBER: _ClassVar[int]
+    REWARD_PARTS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     lease_id: str
     task_id: int
@@ -299,7 +300,16 @@ class Trajectory(_message.Message):
     reward: float
     finish_reason: str
     timings: Timings
-    def __init__(self, session_id: _Optional[str] = ..., lease_id: _Optional[str] = ..., task_id: _Optional[int] = ..., sample_index: _Optional[int] = ..., token_ids: _Optional[_Union[Array, _Mapping]] = ..., loss_mask: _Optional[_Union[Array, _Mapping]] = ..., logprobs: _Optional[_Union[Array, _Mapping]] = ..., logprobs_full: _Optional[_Union[Array, _Mapping]] = ..., versions: _Optional[_Union[Array, _Mapping]] = ..., head_ids: _Optional[_Union[Array, _Mapping]] = ..., head_logprobs: _Optional[_Union[Array, _Mapping]] = ..., support_indptr: _Optional[_Union[Array, _Mapping]] = ..., support_ids: _Optional[_Union[Array, _Mapping]] = ..., support_logprobs: _Optional[_Union[Array, _Mapping]] = ..., reward: _Optional[float] = ..., finish_reason: _Optional[str] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ...) -> None: ...
+    reward_parts: _containers.RepeatedCompositeFieldContainer[RewardPart]
+    def __init__(self, session_id: _Optional[str] = ..., lease_id: _Optional[str] = ..., task_id: _Optional[int] = ..., sample_index: _Optional[int] = ..., token_ids: _Optional[_Union[Array, _Mapping]] = ..., loss_mask: _Optional[_Union[Array, _Mapping]] = ..., logprobs: _Optional[_Union[Array, _Mapping]] = ..., logprobs_full: _Optional[_Union[Array, _Mapping]] = ..., versions: _Optional[_Union[Array, _Mapping]] = ..., head_ids: _Optional[_Union[Array, _Mapping]] = ..., head_logprobs: _Optional[_Union[Array, _Mapping]] = ..., support_indptr: _Optional[_Union[Array, _Mapping]] = ..., support_ids: _Optional[_Union[Array, _Mapping]] = ..., support_logprobs: _Optional[_Union[Array, _Mapping]] = ..., reward: _Optional[float] = ..., finish_reason: _Optional[str] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., reward_parts: _Optional[_Iterable[_Union[RewardPart, _Mapping]]] = ...) -> None: ...
+
+class RewardPart(_message.Message):
+    __slots__ = ("name", "value")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    value: float
+    def __init__(self, name: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
 
 class SubmitAck(_message.Message):
     __slots__ = ("task_id", "sample_index", "code", "reason", "duplicate")

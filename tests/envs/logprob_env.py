@@ -15,6 +15,11 @@ class LogprobEpisode(Episode):
         seen = [round(-lp * 10) for lp in (self.turn_logprobs or [])]
         return StepResult(seen, 0.0, len(seen) == 0, "answered" if not seen else None)
 
+    @property
+    def reward_parts(self) -> dict:
+        # one well-formed part and ones the sampler drops (a name with a space, a non-number)
+        return {"turns_seen": 2.0, "bad name": 1.0, "text": "x"}
+
 
 class LogprobEnv(Environment):
     def sample_task(self, rng, task_id: str) -> Task:

@@ -135,6 +135,7 @@ def test_an_episode_that_wants_logprobs_gets_each_turns_through_a_worker():
         env.close()
     assert rec.token_ids.tolist() == [1, 2, 5, 6, 4, 7, 7, 12, 8]  # observations: the log-probs x -10
     assert rec.termination == "answered"
+    assert rec.reward_parts == {"turns_seen": 2.0}  # the episode's reward parts, cleaned, via the worker
 
 
 # -- episodes with the real package -----------------------------------------------------------
@@ -226,6 +227,7 @@ def test_a_single_turn_episode_is_scored_by_the_rubric(echo, tok):
     assert rec.termination == "answered" and rec.turns == 1
     assert rec.reward == pytest.approx(1.5)  # says_word 1 x 1 + short 1 x 0.5
     assert episode.reward_values == {"says_word": 1.0, "short": 1.0}
+    assert rec.reward_parts == {"says_word": 1.0, "short": 1.0}  # Trajectory.reward_parts
     # The reply the rubric read is the driver's tokens; verifiers' own record of the rollout is
     # the trajectory mixrl assembled, with the driver's log-probs on the sampled tokens.
     trace = episode.result.traces[0]

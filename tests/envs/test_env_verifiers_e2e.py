@@ -72,6 +72,9 @@ def test_the_readme_commands_train_verifiers_environments_on_two_sampler_groups(
     assert len(steps) == 2
     errors = {k: v for r in steps for k, v in r.items() if "/errors/" in k and v}
     assert not errors, errors
+    # Each rubric reward function's value, per step (Trajectory.reward_parts): the echo taskset's two.
+    parts = {k for r in steps for k in r if k.startswith("env/echo/reward/")}
+    assert parts == {"env/echo/reward/says_word", "env/echo/reward/short"}, parts
     episodes = [json.loads(line) for f in sorted((run / "episodes").glob("step_*.jsonl"))
                 for line in f.read_text().splitlines()]
     kinds = {"echo" if "Say the word" in e["turns"][0]["text"] else "guess" for e in episodes}

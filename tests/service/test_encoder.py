@@ -15,7 +15,8 @@ VOCAB = 97
 
 def runtime_message(task: pb.Task, sample_index: int, *, token_ids, logprobs, logprobs_full, versions,
                     head_ids, head_logprobs, loss_mask=None, support_ids=None, support_logprobs=None,
-                    reward=None, finish_reason="", queue_ms=0.0, generate_ms=0.0) -> pb.Trajectory:
+                    reward=None, finish_reason="", queue_ms=0.0, generate_ms=0.0,
+                    reward_parts=None) -> pb.Trajectory:
     """The reference: the same trajectory built field by field with the protobuf runtime."""
     mask = np.ones(len(np.asarray(token_ids)), np.uint8) if loss_mask is None else loss_mask
     msg = pb.Trajectory(lease_id=task.lease_id, task_id=task.task_id, sample_index=sample_index,
@@ -34,6 +35,8 @@ def runtime_message(task: pb.Task, sample_index: int, *, token_ids, logprobs, lo
         encode(lps, "float32", msg.support_logprobs)
     if reward is not None:
         msg.reward = reward
+    for name, value in (reward_parts or {}).items():
+        msg.reward_parts.add(name=name, value=value)
     return msg
 
 
@@ -69,6 +72,13 @@ def _check(task: pb.Task, sample_index: int, session_id: str = "sess-0123", **kw
 def test_dense_shapes_and_rewards(n, k, reward):
     _check(_task(), 1, reward=reward, finish_reason="length", queue_ms=1.5, generate_ms=20.25,
            **_records(n, k, n * k))
+
+
+def test_reward_parts_are_the_runtimes_bytes_and_both_decoders_read_them():
+    parts = {"says_word": 1.0, "short": 0.0, "format.v2": -0.25}  # +0.0 is not written, as the runtime
+    got = _check(_task(), 1, reward=1.5, finish_reason="answered", reward_parts=parts, **_records(5, 2, 1))
+    assert decode_trajectory(got.data).reward_parts == list(parts.items())
+    assert from_message(got.to_message()).reward_parts == list(parts.items())
 
 
 @pytest.mark.parametrize("padded", [False, True])

@@ -172,3 +172,47 @@ def test_random_damage_is_rejected_cleanly(data):
     assert np.isfinite(rec.logprobs).all() and (rec.logprobs <= 1e-5).all()
     assert ((rec.token_ids >= 0) & (rec.token_ids < V)).all()
     assert (rec.versions <= 3).all()
+
+
+def test_reward_parts_are_kept_and_bad_ones_refused():
+    """``Trajectory.reward_parts`` become metric names: kept when few, plain and finite; a
+    trajectory with a part that is not is refused naming the field."""
+    rng = np.random.default_rng(2)
+    msg = fake_trajectory(_task(), 0, V, rng, n_tokens=5, version=1)
+    msg.reward_parts.add(name="says_word", value=1.0)
+    msg.reward_parts.add(name="short", value=0.5)
+    assert validate_trajectory(msg, _ctx()).reward_parts == {"says_word": 1.0, "short": 0.5}
+
+    def add(*parts):
+        def fn(m):
+            for name, value in parts:
+                m.reward_parts.add(name=name, value=value)
+        return fn
+
+    assert "names" in _mutated("reward_parts", add(("env/../x", 1.0)))
+    assert "twice" in _mutated("reward_parts", add(("a", 1.0), ("a", 2.0)))
+    assert "finite" in _mutated("reward_parts", add(("a", float("nan"))))
+    assert "at most 16" in _mutated("reward_parts", add(*((f"p{i}", 1.0) for i in range(17))))
+
+
+def test_a_steps_reward_parts_are_logged_per_environment():
+    from types import SimpleNamespace
+
+    from trainer_jax.service.tasks import env_reward_part_metrics
+
+    sample = lambda **parts: SimpleNamespace(reward_parts=parts)  # noqa: E731
+    echo = [sample(says_word=1.0, short=0.0), sample(says_word=0.0)]
+    groups = [SimpleNamespace(task=SimpleNamespace(env="echo"), trajectories=echo),
+              SimpleNamespace(task=SimpleNamespace(env="guess"), trajectories=[sample()])]
+    assert env_reward_part_metrics(groups) == {"env/echo/reward/says_word": 0.5, "env/echo/reward/short": 0.0}
+
+
+def test_a_sampler_cleans_reward_parts_before_sending():
+    from mixrl_wire.reward_parts import clean
+
+    dirty = {"ok": 1, "bad name": 1.0, "nan": float("nan"), "text": "1", "flag": True,
+             **{f"p{i}": i for i in range(20)}}
+    out = clean(dirty)
+    assert out["ok"] == 1.0 and out["flag"] == 1.0 and len(out) == 16
+    assert not {"bad name", "nan", "text"} & out.keys()
+    assert clean(["not", "a", "dict"]) == {}

@@ -182,6 +182,7 @@ class EnvTaskSource:
         overall, ``tool/*``)."""
         values = self.rewards.metrics([t for g in groups for t in g.trajectories])
         values.update(env_error_metrics(groups))
+        values.update(env_reward_part_metrics(groups))
         for env in self.envs:  # what loading counted (a dataset's skipped rows): env/<name>/<key>
             for key, value in getattr(env, "load_metrics", dict)().items():
                 values[f"env/{env.name}/{key}"] = value
@@ -266,6 +267,17 @@ def env_error_metrics(groups) -> dict[str, float]:
             for reason, n in split_finish_reason(getattr(t, "finish_reason", "") or "")[1].items():
                 values[f"env/{g.task.env}/errors/{reason}"] += n
     return dict(values)
+
+
+def env_reward_part_metrics(groups) -> dict[str, float]:
+    """``env/<entry>/reward/<name>``: the mean of each named reward component (a verifiers
+    rubric's reward functions, ``Trajectory.reward_parts``) over the step's samples that carry it."""
+    sums: dict[str, list[float]] = collections.defaultdict(list)
+    for g in groups:
+        for t in g.trajectories:
+            for name, value in (getattr(t, "reward_parts", None) or {}).items():
+                sums[f"env/{g.task.env}/reward/{name}"].append(value)
+    return {key: float(np.mean(v)) for key, v in sorted(sums.items())}
 
 
 def _is_error(r: RewardResult) -> bool:

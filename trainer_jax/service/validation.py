@@ -17,6 +17,8 @@ import numpy as np
 from mixrl_wire import pb
 from mixrl_wire.arrays import ArrayError, decode_parts
 from mixrl_wire.fastpath import WireTrajectory, from_message
+from mixrl_wire.reward_parts import MAX_PARTS as MAX_REWARD_PARTS
+from mixrl_wire.reward_parts import NAME as REWARD_PART_NAME
 
 # Rounding slack for "log-probabilities are <= 0": log_softmax of a peaked distribution can come
 # out at +1e-7 in float32, which is not a malformed record.
@@ -79,6 +81,7 @@ class TrajectoryRecord:
     group: str = ""
     recipe: dict = dataclasses.field(default_factory=dict)
     received_unix: float = 0.0
+    reward_parts: dict[str, float] = dataclasses.field(default_factory=dict)  # logged, not trained
 
     @property
     def num_policy_tokens(self) -> int:
@@ -184,6 +187,7 @@ def validate_trajectory(msg: pb.Trajectory | WireTrajectory, ctx: ValidationCont
         v = getattr(msg, name)
         if not math.isfinite(v) or v < 0:
             raise ValidationError(f"timings.{name}", "must be finite and >= 0")
+    parts = _reward_parts(msg.reward_parts)
 
     return TrajectoryRecord(
         task_id=msg.task_id, sample_index=msg.sample_index, token_ids=tokens, loss_mask=mask,
@@ -191,9 +195,26 @@ def validate_trajectory(msg: pb.Trajectory | WireTrajectory, ctx: ValidationCont
         head_logprobs=head_lp, support_indptr=support[0], support_ids=support[1],
         support_logprobs=support[2], reward=reward, sampler_reward=reward,
         finish_reason=msg.finish_reason, queue_ms=msg.queue_ms, generate_ms=msg.generate_ms,
+        reward_parts=parts,
         nbytes=512 + sum(a.nbytes for a in (tokens, mask, logprobs, logprobs_full, versions, head_ids,
                                             head_lp, *(x for x in support if x is not None))))
 
+
+
+def _reward_parts(parts: list[tuple[str, float]]) -> dict[str, float]:
+    """The reward's named components: a few, named plainly (they become metric names), finite."""
+    if len(parts) > MAX_REWARD_PARTS:
+        raise ValidationError("reward_parts", f"{len(parts)} parts, at most {MAX_REWARD_PARTS}")
+    out: dict[str, float] = {}
+    for name, value in parts:
+        if not REWARD_PART_NAME.fullmatch(name):
+            raise ValidationError("reward_parts", "names must be 1-48 letters, digits, '_', '-' or '.'")
+        if name in out:
+            raise ValidationError("reward_parts", f"{name!r} twice")
+        if not math.isfinite(value):
+            raise ValidationError("reward_parts", f"{name!r} must be finite")
+        out[name] = float(value)
+    return out
 
 
 # Up to this K, rotations beat numpy's per-row sort (measured, P = 4096, CPU time: 4x at K = 8,
