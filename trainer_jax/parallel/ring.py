@@ -14,8 +14,11 @@ sees none of a later device's chunks, its late chunk sees all of them).
 
 The backward (a ``custom_vjp``) runs the ring again: each device keeps ``dQ`` of its own queries,
 and every visiting K/V block travels with its ``dK``/``dV`` accumulator (fp32), which after the
-``C``-th hop is back on the block's owner. So a device holds its own ``2L`` positions plus one
-visiting block of K/V and of their gradient (two while a transfer is in flight), never ``T``.
+``C``-th hop is back on the block's owner. Both rings are loops (``fori_loop``; the last step
+outside, with no hop after it), so a device holds its own ``2L`` positions plus one visiting
+block of K/V and of their gradient (two while a transfer is in flight), never ``T``. Unrolled,
+XLA:CPU's scheduler kept several steps' buffers live: 13.1 GiB of temporaries at 262,144 tokens
+x context 8 at the Qwen3-0.6B shape, against 9.7 GiB as a loop.
 
 The segment ids of the whole row *are* gathered (``[rows, T]`` int32, a thousandth of a K/V
 gather at the Qwen3 shapes): the kernel's skip bounds need each query's segment start and each
