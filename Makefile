@@ -50,3 +50,24 @@ mutate: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .pytest_cache
+
+# env: openenv in its own venv (docs/environments.md): OpenEnv 0.10's fastmcp 3 needs mcp < 2, the
+# verifiers extra (in dev) pins mcp 2.0, so .venv-openenv holds the openenv and test extras, no
+# verifiers; torch pinned and chosen as for .venv. `make test-openenv`: the OpenEnv tests in it.
+OPENENV_VENV ?= .venv-openenv
+OPENENV_PY := $(OPENENV_VENV)/bin/python
+OPENENV_STAMP := $(OPENENV_VENV)/.mixrl-installed
+
+.PHONY: venv-openenv test-openenv
+venv-openenv: $(OPENENV_STAMP)
+
+$(OPENENV_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(OPENENV_VENV)
+	$(OPENENV_PY) -m pip install -q --upgrade pip
+	$(OPENENV_PY) -m pip install -q torch==$(TORCH_VERSION) $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
+	$(OPENENV_PY) -m pip install -q -e '.[openenv,test]'
+	touch $(OPENENV_STAMP)
+
+test-openenv: $(OPENENV_STAMP)
+	$(OPENENV_PY) -m pytest -q --timeout=900 --durations=5 tests/envs/test_env_openenv.py \
+		tests/envs/test_byo_readme.py -k openenv
