@@ -48,6 +48,7 @@ def test_two_seeds_are_named_and_folds_average_geometrically(tmp_path):
     c1 = verdicts(grid)[0]
     assert "GRPO / mixed: 1/2 collapsed (seed1: held-out pass@1 0.800 → 0.200)" in c1.text
     assert "GRPO / homogeneous: 0/2 collapsed" in c1.text
+    assert c1.verdict == "reproduced" and "Weak evidence: 1 of 2 GRPO / mixed seeds collapsed" in c1.text
 
 
 def test_reward_alarm_needs_a_reward_off_zero():

@@ -106,6 +106,9 @@ def claim_collapse(grid: Grid) -> Claim:
         + (f" Other cells: {others}." if others else "")
     )
     if 2 * nm >= len(mixed) and sooner:
+        if nm < len(mixed):
+            text += (f" Weak evidence: {nm} of {len(mixed)} GRPO / mixed seeds collapsed, and 'sooner' rests on the "
+                     "censored mean above (a run that held counts as its length + 1).")
         return Claim(1, title, REPRODUCED, text)
     return Claim(1, title, NOT_REPRODUCED, text + (" GRPO on the mixed pool did not collapse in most seeds within this budget." if 2 * nm < len(mixed) else " It did not collapse sooner than on the homogeneous pool."))
 
