@@ -189,7 +189,7 @@ def plot_pass_at_1(results: list[RunResult], path: Path, labels: dict[str, str])
     _, conds = grid_order(runs, labels)
     cells = [(p, c) for p in pools for c in conds if any(r.pool == p and r.condition == c for r in runs)]
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(max(5.0, 0.9 * len(cells) + 1.5), 3.8))
+    fig, ax = plt.subplots(figsize=(max(6.5, 0.9 * len(cells) + 1.5), 3.8))
     for x, (p, c) in enumerate(cells):
         rs = sorted((r for r in runs if r.pool == p and r.condition == c), key=lambda r: r.seed)
         for k, r in enumerate(rs):
@@ -209,7 +209,7 @@ def plot_pass_at_1(results: list[RunResult], path: Path, labels: dict[str, str])
     ax.set_xlim(-0.6, len(cells) - 0.4)
     ax.set_ylim(0, 1)
     ax.set_ylabel("held-out pass@1")
-    ax.set_title("held-out pass@1, start (grey) -> end per seed (red: collapsed; rings: during)", fontsize=9)
+    ax.set_title("held-out pass@1 per seed: start (grey) -> end (red: collapsed); rings: during", fontsize=9)
     return _save(plt, fig, path)
 
 
