@@ -109,7 +109,8 @@ def test_the_openenv_block_trains_as_written(tmp_path):
     proc = subprocess.Popen(["bash", "-c", "exec " + server.rstrip("&").strip()], cwd=tmp_path, env=env,
                             stdout=subprocess.PIPE)
     try:
-        assert proc.stdout.readline().strip() == b"8765"  # bound before it prints
+        port = proc.stdout.readline().strip()  # bound before it prints; nothing if 8765 is taken
+        assert port == b"8765", f"the README's OpenEnv server did not start on port 8765: {port!r}"
         _train(train, tmp_path, env)
     finally:
         proc.terminate()
