@@ -21,6 +21,8 @@ def test_a_cap_that_exactly_fits_is_applied():
     assert _capped({"a": 0.8, "b": 0.2}, 0.5) == pytest.approx({"a": 0.5, "b": 0.5})
     assert _capped({"a": 0.6, "b": 0.3, "c": 0.1}, 0.5) == pytest.approx({"a": 0.5, "b": 0.375, "c": 0.125})
     assert _capped({"a": 0.8, "b": 0.2}, 0.4) == {"a": 0.8, "b": 0.2}
+    # the others have no weight at all: the excess is split between them equally
+    assert _capped({"a": 1.0, "b": 0.0, "c": 0.0}, 0.4) == pytest.approx({"a": 0.4, "b": 0.3, "c": 0.3})
 
 
 def test_samples_per_busy_replica_second_is_smoothed_across_windows():
