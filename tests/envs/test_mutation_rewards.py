@@ -1,6 +1,6 @@
 """Reward-pool behaviour the reward modules' mutants showed untested (issue 37; docs/testing.md).
 
-Real worker processes over their real pipes; each test a second or two."""
+Real worker processes over their real pipes; each test a second or two, but the one marked slow."""
 
 from __future__ import annotations
 
