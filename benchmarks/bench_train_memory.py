@@ -233,10 +233,11 @@ def long_rows(args: argparse.Namespace, argv: list[str] | None) -> int:
             (LONG_LENGTHS[1], 1, None), (LONG_LENGTHS[0], 1, None)]
     if merge:
         plan = []
-    elif args.long_only:
-        wanted = {tuple(int(x) for x in item.split("x")[:2]) + ((item.split("x") + [None])[2],)
-                  for item in args.long_only.split(",")}
-        plan = [p for p in plan if (p[0], p[1], p[2]) in wanted or (p[0], p[1], None) in wanted]
+    elif args.long_only:  # ROWxCONTEXT[xFORM], FORM ring (the default) or all_gather
+        plan = []
+        for item in args.long_only.split(","):
+            t_, c_, *form = item.split("x")
+            plan.append((int(t_), int(c_), (form or ["ring"])[0] if int(c_) > 1 else None))
 
     def write() -> dict:
         long = list(long_old.values())
