@@ -37,7 +37,8 @@ PY = sys.executable
 # module name -> (paths to mutate, test files that cover them).
 MODULES: dict[str, tuple[list[str], list[str]]] = {
     "objective": (["trainer_jax/objective"],
-                  ["tests/objective/test_mutation_objective.py", "tests/objective/test_components.py"]),
+                  ["tests/objective/test_mutation_objective.py", "tests/objective/test_components.py",
+                   "tests/trainer/test_staleness_metrics.py"]),
     # every file the CPU runs: the Pallas kernels through the Pallas interpreter (the tests' CPU
     # default); not device_check.py, the one-shot accelerator check (needs a GPU or TPU)
     "linear_logsumexp": ([f"trainer_jax/kernels/linear_logsumexp/{f}.py" for f in (
