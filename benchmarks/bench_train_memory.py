@@ -12,7 +12,8 @@ memory knob, ``train.micro_rows`` (rows through the model one at a time), is mea
 
     .venv/bin/python benchmarks/bench_train_memory.py [--quick] [--out PATH]
         [--remat none,full] [--reuse OLD.json]
-    .venv/bin/python benchmarks/bench_train_memory.py --long [--reuse OLD.json]
+    .venv/bin/python benchmarks/bench_train_memory.py --long [--reuse OLD.json[,MORE.json]]
+        [--long-only ROWxCONTEXT[xFORM],... | none]
 
 ``--long`` (issue 33, context parallelism): one row of 65,536 / 131,072 / 262,144 tokens, full
 remat, on ``context`` 1 (one device), 4 and 8 (a mesh of that many devices; the weights and AdamW
