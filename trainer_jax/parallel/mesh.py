@@ -3,8 +3,10 @@
 
 Axis order is major to minor: ``tensor`` is innermost because tensor parallelism communicates
 inside every layer (all-reduces of activations) and must sit on the nearest devices; ``context``
-next (each attention layer gathers the row's K/V over it and reduce-scatters their gradient, so
-it wants the fast interconnect too, and it never spans slices: no ``dcn_context``); ``expert``
+next (each attention layer passes the row's K/V blocks round it, and their gradients back —
+ring attention, ``mesh.context_attention: ring`` — or gathers K/V and reduce-scatters dK/dV
+with ``all_gather``: it wants the fast interconnect too, and it never spans slices: no
+``dcn_context``); ``expert``
 next (one all-gather / reduce-scatter of tokens per MoE layer); ``fsdp`` gathers weights once per
 layer and reduce-scatters gradients; ``data`` only all-reduces gradients, once per step, so it
 is outermost and the one that may span the slow network (``dcn_data``).
