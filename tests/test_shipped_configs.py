@@ -150,11 +150,11 @@ def _port_free(port: int, wait_s: float = 30.0) -> bool:
         time.sleep(0.5)
 
 
-def _kill(proc: subprocess.Popen | None) -> None:
-    """SIGTERM the process group, SIGKILL what is left after a few seconds."""
+def _kill(proc: subprocess.Popen | None, grace_s: float = 15) -> None:
+    """SIGTERM the process group, SIGKILL what is left after ``grace_s``."""
     if proc is None or proc.poll() is not None:
         return
-    for sig, wait in ((signal.SIGTERM, 15), (signal.SIGKILL, 10)):
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10)):
         try:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:
@@ -290,7 +290,10 @@ def _run(name: str, shared: dict, tmp_path: Path, model: Path, overrides: list[s
                                  f"{logs()}") from None
         took = time.monotonic() - t0
         assert launcher.returncode == 0, f"{case.config}: launcher exited {launcher.returncode}\n{logs()}"
-        _kill(sampler)  # SIGTERM: it reports its counts and exits 0
+        # SIGTERM: it reports its counts and exits 0. A sampler stops between generation calls (an
+        # agentic round ends at its next turn boundary); one call of 64 episodes' ~1,300-token
+        # prompts took over 15 s on the 2 loaded cores, so it gets a minute.
+        _kill(sampler, grace_s=60)
         assert sampler.returncode == 0, f"external sampler exited {sampler.returncode}\n{logs()}"
 
         summary = json.loads((run_dir / "summary.json").read_text())
