@@ -191,5 +191,17 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def run() -> None:
+    """``mixrl-sample`` as a process: ``main``, then exit at once with its code. The sampler has
+    closed its client and engine by then; interpreter teardown with gRPC's and torch's native
+    threads still parked could abort the process after its work was done ("terminate called
+    without an active exception", exit -6, seen once in CI after a clean ``done`` line)."""
+    code = main()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run()
