@@ -188,25 +188,29 @@ def up(args) -> int:
     return 0
 
 
-def status(args) -> int:
+def _existing(args):
+    """``(ray, name, controller)`` of the fleet ``args`` names (``--name``, else the cluster's
+    only one); the controller is None, said in one line, when there is no such fleet."""
     ray = _connect(args.address)
     name = fleet_name(args.name, [] if args.name else ray.util.list_named_actors())
     ctrl = _controller(ray, name)
     if ctrl is None:
         print(f"mixrl-fleet: no fleet named {name!r} on this cluster (namespace {NAMESPACE})",
               file=sys.stderr)
+    return ray, name, ctrl
+
+
+def status(args) -> int:
+    ray, _, ctrl = _existing(args)
+    if ctrl is None:
         return 1
     print_status(ray.get(ctrl.status.remote(), timeout=60))
     return 0
 
 
 def down(args) -> int:
-    ray = _connect(args.address)
-    name = fleet_name(args.name, [] if args.name else ray.util.list_named_actors())
-    ctrl = _controller(ray, name)
+    ray, name, ctrl = _existing(args)
     if ctrl is None:
-        print(f"mixrl-fleet: no fleet named {name!r} on this cluster (namespace {NAMESPACE})",
-              file=sys.stderr)
         return 1
     out = ray.get(ctrl.shutdown.remote(), timeout=120)
     ray.kill(ctrl, no_restart=True)
