@@ -26,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from mixrl_wire.devices import LAUNCHER_RANK_ENV, SPAWN_SLOT_ENV
+from sampler_torch.parent_watch import pid_alive
 
 
 def replica_env(env: Mapping[str, str]) -> dict[str, str]:
@@ -156,20 +157,10 @@ def remove_stale(root: Path, keep: Path) -> list[Path]:
             pid = int((d / "pid").read_text())
         except (OSError, ValueError):
             continue
-        if d != keep and not _alive(pid):
+        if d != keep and not pid_alive(pid):
             shutil.rmtree(d, ignore_errors=True)
             gone.append(d)
     return gone
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _node_id() -> str:

@@ -42,8 +42,11 @@ def _set_pdeathsig(sig: int) -> bool:
 
 def parent_alive(pid: int) -> bool:
     """Whether we are still the child of ``pid`` and it is running."""
-    if os.getppid() != pid:
-        return False
+    return os.getppid() == pid and pid_alive(pid)
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists (one of another user's counts: signal 0 is refused)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
