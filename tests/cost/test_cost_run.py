@@ -83,8 +83,18 @@ def test_priced_run_writes_cost_metrics_and_summary(tmp_path):
     assert (groups["int8"]["accelerator"], groups["int8"]["price_per_hour"]) == ("cpu", 1.5)
     spent = sum(g["processes"] * g["price_per_hour"] for g in groups.values())
     assert doc["cost_usd_per_hour"] == pytest.approx(spent) and spent <= 10
-    for name, g in groups.items():  # each group planned, or excluded with its reason
-        assert (g["processes"] > 0) != (name in doc["excluded"]), (name, doc)
+    for name, g in groups.items():
+        if name in doc["excluded"]:  # an excluded group (with its reason) gets no replica
+            assert g["processes"] == 0 and doc["excluded"][name], (name, doc)
+        elif g["processes"] == 0 and g["price_per_hour"] <= 10:
+            # eligible but left out: the optimum spent the budget better elsewhere, so forcing one
+            # replica of it buys no more useful samples per hour (the solver is exact)
+            forced = tmp_path / f"plan_min_{name}.yaml"
+            assert train_main(["plan", str(run_dir), "--budget", "10", "--limits",
+                               str(ROOT / "docs/results/limits_dial.yaml"), "--min", f"{name}=1",
+                               "--out", str(forced)]) == 0
+            forced_doc = yaml.safe_load(forced.read_text())
+            assert forced_doc["useful_samples_per_hour"] <= doc["useful_samples_per_hour"] + 1e-6, (name, doc)
     planned = [n for n, g in groups.items() if g["processes"]]
     if planned:  # the budget is spent down to less than the cheapest planned group's price
         assert 10 - doc["cost_usd_per_hour"] < min(groups[n]["price_per_hour"] for n in planned)
