@@ -116,6 +116,20 @@ def test_sync_and_dial_sweeps_set_their_pools_by_override(tmp_path):
     assert sorted(s for (s,) in sigmas.values()) == [0.1, 0.3, 1.0, 3.0]
     assert all(config(c).train.sync for c in grid)
 
+    # The dial at the long grid's setting: the same shared overrides (so its sigma 0 is that grid's
+    # homogeneous pool and the warm starts are the same), the pools differing only by the noise.
+    long, dial_long = (load_sweep(ROOT / "configs" / f"ablation_{n}.yaml") for n in ("long", "dial_long"))
+    assert dial_long.overrides == long.overrides and dial_long.conditions == long.conditions
+    grid = cells(dial_long, tmp_path)
+    assert len(grid) == 12
+    homogeneous = load_config(ROOT / "configs" / "local_homogeneous.yaml").groups
+    for c in grid:
+        groups = config(c).groups
+        assert [g.model_copy(update={"logit_noise": None}) for g in groups] == \
+            [g.model_copy(update={"logit_noise": None}) for g in homogeneous]
+    sigmas = {c.pool: {g.logit_noise for g in config(c).groups} for c in grid}
+    assert sorted(s for (s,) in sigmas.values()) == [0.3, 1.0, 3.0]
+
 
 def test_quick_dial_sweep_runs_sync_mode_end_to_end(tmp_path):
     """The CI smoke test of the new modes: a warm start and 2 sync steps on `chain` with sigma 1."""
