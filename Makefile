@@ -8,6 +8,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.mixrl-installed
+comma := ,
 TORCH_VERSION ?= 2.13.0
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 # (recursively expanded: the probe runs only when the install recipe below uses it)
@@ -19,12 +20,18 @@ TORCH_INDEX ?= $(shell if ! command -v nvidia-smi >/dev/null 2>&1 && \
 
 venv: $(STAMP)
 
+# $(call make_venv,DIR,EXTRAS): a venv at DIR with torch pinned (chosen as above), then the project
+# editable with EXTRAS; the stamp file is written last, so an interrupted install is redone.
+define make_venv
+	$(PYTHON) -m venv $(1)
+	$(1)/bin/python -m pip install -q --upgrade pip
+	$(1)/bin/python -m pip install -q torch==$(TORCH_VERSION) $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
+	$(1)/bin/python -m pip install -q -e '.[$(2)]'
+	touch $(1)/.mixrl-installed
+endef
+
 $(STAMP): pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q torch==$(TORCH_VERSION) $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
-	$(PY) -m pip install -q -e '.[dev]'
-	touch $(STAMP)
+	$(call make_venv,$(VENV),dev)
 
 demo: $(STAMP)
 	$(VENV)/bin/mixrl-train --config configs/local_mixed.yaml
@@ -62,11 +69,7 @@ OPENENV_STAMP := $(OPENENV_VENV)/.mixrl-installed
 venv-openenv: $(OPENENV_STAMP)
 
 $(OPENENV_STAMP): pyproject.toml
-	$(PYTHON) -m venv $(OPENENV_VENV)
-	$(OPENENV_PY) -m pip install -q --upgrade pip
-	$(OPENENV_PY) -m pip install -q torch==$(TORCH_VERSION) $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
-	$(OPENENV_PY) -m pip install -q -e '.[openenv,test]'
-	touch $(OPENENV_STAMP)
+	$(call make_venv,$(OPENENV_VENV),openenv$(comma)test)
 
 test-openenv: $(OPENENV_STAMP)
 	$(OPENENV_PY) -m pytest -q --timeout=900 --durations=5 tests/envs/test_env_openenv.py \
