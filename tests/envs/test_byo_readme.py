@@ -67,8 +67,11 @@ def test_the_openenv_config_loads_and_its_commands_use_the_openenv_venv(tmp_path
     cfg = load_config(str(tmp_path / "openenv_run.yaml"), [])
     ((name, env, options),) = [(m.name, m.env, m.options) for m in cfg.tasks.mix_entries()]
     assert (name, env, options["url"]) == ("server_guess", "openenv", "http://127.0.0.1:8765")
-    makefile = (REPO / "Makefile").read_text()
-    assert "venv-openenv:" in makefile and "-e '.[openenv,test]'" in makefile
+    # What `make venv-openenv` would run (make -n: nothing is installed), into the README's path.
+    plan = subprocess.run(["make", "-n", "-B", "venv-openenv", "TORCH_INDEX="], cwd=REPO,
+                          capture_output=True, text=True, timeout=60, check=True).stdout
+    assert "python3 -m venv .venv-openenv" in plan
+    assert ".venv-openenv/bin/python -m pip install -q -e '.[openenv,test]'" in plan
     assert ".venv-openenv/" in (REPO / ".gitignore").read_text().splitlines()
 
 
