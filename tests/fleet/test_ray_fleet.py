@@ -5,6 +5,7 @@ leaving no Ray worker and no sampler behind."""
 
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -28,7 +29,11 @@ from trainer_jax.service import RolloutService  # noqa: E402
 
 BIN = Path(sys.executable).parent
 TOKEN = "fleet-ray-token"
-ENV = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "MIXRL_TOKEN": TOKEN}
+# The cluster runs with Ray's token authentication and a token of its own (Ray >= 2.52 turns it on
+# by itself where ~/.ray/auth_token exists, as a `ray.init()` by hand leaves behind): the test then
+# does not depend on what the machine's home holds, and the fleet is shown to work under it.
+RAY_AUTH = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(16)}
+ENV = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "MIXRL_TOKEN": TOKEN, **RAY_AUTH}
 
 
 def _free_port() -> int:
@@ -58,11 +63,18 @@ def cluster():
            "--include-dashboard=false", "--temp-dir", temp]
     try:
         subprocess.run(cmd, env=ENV, check=True, capture_output=True, text=True, timeout=120)
+        # This process's driver: Ray reads the mode into its config at import, so refresh it (what
+        # Ray's own token setup does after setting RAY_AUTH_MODE).
+        os.environ.update(RAY_AUTH)
+        from ray._raylet import Config
+        Config.initialize("")
         ray.init(address=f"127.0.0.1:{port}", namespace="mixrl", log_to_driver=False)
         yield f"127.0.0.1:{port}"
     finally:
         if ray.is_initialized():
             ray.shutdown()
+        for key in RAY_AUTH:
+            os.environ.pop(key, None)
         subprocess.run([str(BIN / "ray"), "stop", "--force", "--grace-period", "2"], env=ENV,
                        capture_output=True, timeout=120)
         shutil.rmtree(temp, ignore_errors=True)
