@@ -16,6 +16,17 @@ without a price has no USD figures at all (absent, never zero). Busy replica-hou
 leased share of their capacity, integrated by the router) are reported beside: the cost at full
 use, which policy ``cost`` routes on (``trainer_jax.service.router``).
 
+Across ``mixrl-train --resume`` the ledger continues: its running totals are part of every
+checkpoint (``CostLedger.state``, in the checkpoint's meta, so they commit with the step they
+belong to) and the resumed run starts from the restored step's totals (``ledger_from_checkpoint``).
+Steps after that checkpoint which the killed run had trained are trained again and charged again:
+they ran again, and the replicas were paid for twice (the first run's charges for them went aside
+with their metric records, ``metrics.discarded.jsonl``). Prices may change between the runs:
+the totals so far keep the USD they were charged at, new steps are charged at the new prices (a
+group priced only from the resume on is charged from there; one no longer priced has no USD
+figures). The service's cumulative counters (busy replica-seconds, samples produced) restart with
+the new service and are added to the restored totals.
+
 Torch-free and JAX-free: the planner and the benchmarks read it too.
 """
 
@@ -70,6 +81,21 @@ def useful_share(dropped: float | None, out_of_range: float | None) -> float | N
     return max(0.0, 1.0 - dropped) * max(0.0, 1.0 - out_of_range)
 
 
+@dataclasses.dataclass(frozen=True)
+class GroupTotals:
+    """A group's totals at the restored checkpoint (what its USD was charged at, and the base the
+    new service's cumulative counters add to)."""
+
+    replica_s: float = 0.0
+    busy_replica_s: float = 0.0
+    samples_produced: int = 0
+    usd: float = 0.0
+    usd_busy: float = 0.0
+
+
+_NO_TOTALS = GroupTotals()
+
+
 @dataclasses.dataclass
 class GroupCost:
     """One group's running totals over the training loop."""
@@ -84,14 +110,23 @@ class GroupCost:
     tokens_trained: int = 0
     useful_samples: float = 0.0
     useful_tokens: float = 0.0
+    # Restored from a checkpoint (``CostLedger.restore``): the totals then, whose USD stays at the
+    # price it was charged at; only what is added since is charged at ``price_per_hour``.
+    resumed: GroupTotals | None = None
 
     @property
     def usd(self) -> float | None:
-        return None if self.price_per_hour is None else self.price_per_hour * self.replica_s / _HOUR
+        if self.price_per_hour is None:
+            return None
+        r = self.resumed or _NO_TOTALS
+        return r.usd + self.price_per_hour * (self.replica_s - r.replica_s) / _HOUR
 
     @property
     def usd_busy(self) -> float | None:
-        return None if self.price_per_hour is None else self.price_per_hour * self.busy_replica_s / _HOUR
+        if self.price_per_hour is None:
+            return None
+        r = self.resumed or _NO_TOTALS
+        return r.usd_busy + self.price_per_hour * (self.busy_replica_s - r.busy_replica_s) / _HOUR
 
     def per(self, amount: float, busy: bool = False) -> float | None:
         usd = self.usd_busy if busy else self.usd
@@ -124,6 +159,26 @@ class StepCounts:
     useful_share: float | None = None
 
 
+STATE_VERSION = 1
+_INT_COUNTS = ("samples_produced", "samples_trained", "tokens_trained")
+_COUNTS = ("replica_s", "busy_replica_s", *_INT_COUNTS, "useful_samples", "useful_tokens")
+
+
+class LedgerStateError(ValueError):
+    """A checkpoint's ledger state that cannot be read; the message is one line naming it."""
+
+
+def _number(d: Mapping, key: str, kind: type = float, where: str = "", optional: bool = False):
+    value = d.get(key)
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or value < 0 or (kind is int and value != int(value)):
+        want = "a whole number" if kind is int else "a number"
+        raise LedgerStateError(f"{where}{key!r} is {value!r}, not {want} >= 0")
+    return kind(value)
+
+
 class CostLedger:
     """Per-group replica-hours, USD and useful samples, stepped once per training step."""
 
@@ -133,6 +188,47 @@ class CostLedger:
         self.groups = {g: GroupCost(g, p, accelerators.get(g)) for g, p in prices.items()}
         self.steps = 0
         self.usd_total = 0.0
+        self.from_step = 0  # the training step the totals count from (> 0: they restarted there)
+
+    def state(self) -> dict:
+        """The running totals as plain JSON numbers, for the checkpoint (``restore`` reads them)."""
+        return {"version": STATE_VERSION, "steps": self.steps, "usd_total": self.usd_total,
+                "from_step": self.from_step,
+                "groups": {n: {"price_per_hour": g.price_per_hour, "accelerator": g.accelerator,
+                               **{k: getattr(g, k) for k in _COUNTS}, "usd": g.usd, "usd_busy": g.usd_busy}
+                           for n, g in self.groups.items()}}
+
+    def restore(self, state: object) -> None:
+        """Continue from ``state`` (``state()`` of the checkpointed step); ``LedgerStateError``
+        (one line, the ledger untouched) when it is not one. The configured price and accelerator
+        of a group win; a group no longer configured keeps its saved ones (and its totals)."""
+        if not isinstance(state, Mapping):
+            raise LedgerStateError(f"not a mapping but {type(state).__name__}")
+        if state.get("version") != STATE_VERSION:
+            raise LedgerStateError(f"version {state.get('version')!r}, this trainer reads {STATE_VERSION}")
+        steps, from_step = _number(state, "steps", int), _number(state, "from_step", int)
+        usd_total = _number(state, "usd_total")
+        saved = state.get("groups")
+        if not isinstance(saved, Mapping):
+            raise LedgerStateError("'groups' is not a mapping")
+        groups = {}
+        for name, g in saved.items():
+            if not isinstance(g, Mapping):
+                raise LedgerStateError(f"group {name!r} is not a mapping")
+            where = f"group {name!r}: "
+            counts = {k: _number(g, k, int if k in _INT_COUNTS else float, where) for k in _COUNTS}
+            usd, busy, price = (_number(g, k, float, where, optional=True)
+                                for k in ("usd", "usd_busy", "price_per_hour"))
+            known = self.groups.get(name)
+            if known is None and not (g.get("accelerator") is None or isinstance(g["accelerator"], str)):
+                raise LedgerStateError(f"group {name!r}: 'accelerator' is not a string")
+            out = (dataclasses.replace(known, **counts) if known is not None
+                   else GroupCost(name, price, g.get("accelerator"), **counts))
+            out.resumed = GroupTotals(counts["replica_s"], counts["busy_replica_s"],
+                                      counts["samples_produced"], usd or 0.0, busy or 0.0)
+            groups[name] = out
+        self.groups.update(groups)
+        self.steps, self.from_step, self.usd_total = steps, from_step, usd_total
 
     @property
     def priced(self) -> bool:
@@ -145,9 +241,10 @@ class CostLedger:
         values: dict[str, float] = {}
         for name, c in counts.items():
             g = self.groups.setdefault(name, GroupCost(name, None))
+            base = g.resumed or _NO_TOTALS  # the service's counters restart with a resumed run
             g.replica_s += c.replicas * wall_s
-            g.busy_replica_s = max(g.busy_replica_s, c.busy_replica_s_total)
-            g.samples_produced = max(g.samples_produced, c.produced_total)
+            g.busy_replica_s = max(g.busy_replica_s, base.busy_replica_s + c.busy_replica_s_total)
+            g.samples_produced = max(g.samples_produced, base.samples_produced + c.produced_total)
             g.samples_trained += c.samples_trained
             g.tokens_trained += c.tokens_trained
             if c.useful_share is not None:
@@ -192,15 +289,45 @@ class CostLedger:
                 "usd_busy_per_useful_sample": busy / samples if samples > 0 else None}
 
     def summary(self) -> dict:
-        """summary.json's ``"cost"`` section."""
+        """summary.json's ``"cost"`` section (``from_step`` > 0: the totals restarted there)."""
         replica_s = sum(g.replica_s for g in self.groups.values())
         useful = sum(g.useful_samples for g in self.groups.values())
         trained_tokens = sum(g.tokens_trained for g in self.groups.values())
-        return {"steps": self.steps, "replica_hours": replica_s / _HOUR,
+        return {"steps": self.steps, "from_step": self.from_step, "replica_hours": replica_s / _HOUR,
                 "useful_samples": useful,
                 "useful_share": (sum(g.useful_tokens for g in self.groups.values()) / trained_tokens
                                  if trained_tokens else None),
                 **self.overall(), "groups": {n: g.summary() for n, g in self.groups.items()}}
+
+
+def ledger_from_checkpoint(prices: Mapping[str, float | None], accelerators: Mapping[str, str | None],
+                           meta: Mapping | None) -> tuple[CostLedger, str | None]:
+    """The ledger a run continues with, and a warning line if it cannot continue the restored one.
+
+    ``meta``: the restored checkpoint's meta (None: nothing was restored, a fresh ledger). Without
+    a ``"cost"`` entry (a checkpoint from before the ledger was saved) or with one that cannot be
+    read, the totals start at 0 from the restored step, and the line says so: a warning, not a
+    refusal, because the ledger is a report, not training state; the checkpoint's model and
+    optimizer are fine, the totals until then stay in ``metrics.jsonl``'s kept records, and
+    summary.json's ``from_step`` marks the undercount. Refusing would strand the run with no way
+    to resume it short of deleting its checkpoints.
+    """
+    ledger = CostLedger(prices, accelerators)
+    if meta is None:
+        return ledger, None
+    step = int(meta.get("step", 0))
+    state = meta.get("cost")
+    if state is None:
+        problem = "has no cost ledger (written before the ledger was checkpointed)"
+    else:
+        try:
+            ledger.restore(state)
+            return ledger, None
+        except LedgerStateError as e:
+            problem = f"has an unreadable cost ledger ({e})"
+    ledger.from_step = step
+    return ledger, (f"checkpoint step {step} {problem}: cost totals start at 0 from step {step} "
+                    "(summary.json's cost covers the steps after it only)")
 
 
 def step_counts(status: Mapping, group_names: list[str], trained: Mapping[str, tuple[int, int]],
@@ -261,11 +388,15 @@ class TrainerCost:
     """
 
     def __init__(self, prices: Mapping[str, float | None], accelerators: Mapping[str, str | None],
-                 clock=None):
+                 clock=None, ledger: CostLedger | None = None):
         import time
 
-        self.ledger = CostLedger(prices, accelerators)
+        self.ledger = ledger if ledger is not None else CostLedger(prices, accelerators)
         self.clock = clock or time.perf_counter
+        self._last = self.clock()
+
+    def start(self) -> None:
+        """The training loop starts now: the first step is charged from here (not from setup)."""
         self._last = self.clock()
 
     def step(self, service, group_names: list[str], samples, taken, values: Mapping[str, float]) -> dict:

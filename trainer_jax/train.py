@@ -36,7 +36,7 @@ from mixrl_wire.recipes import BACKENDS
 from trainer_jax.batching import Sample, pack
 from trainer_jax.checkpoint import Checkpointer
 from trainer_jax.config import ConfigError, RunConfig
-from trainer_jax.cost import TrainerCost, status_text
+from trainer_jax.cost import TrainerCost, ledger_from_checkpoint, status_text
 from trainer_jax.diagnostics import CollapseAlarms, MetricsSink, alarm_settle_steps, plot_run
 from trainer_jax.episode_log import EpisodeLog, episode_metrics
 from trainer_jax.evaluation import FleetEvaluator
@@ -161,6 +161,13 @@ class Trainer:
                 self.console.print(f"{moved} metric records after the restored step moved to "
                                    "metrics.discarded.jsonl")
         self.sink = MetricsSink(run, wandb=cfg.logging.wandb.model_dump() if cfg.logging.wandb else None)
+        # Replica-hours, USD and useful samples per group (trainer_jax.cost); the ledger's totals
+        # are checkpointed with the meta, so a resumed run continues the restored step's totals.
+        prices, accelerators = cfg.group_prices(), {g.name: g.accelerator for g in cfg.groups}
+        ledger, warning = ledger_from_checkpoint(prices, accelerators, self.meta if self.restored else None)
+        if warning:
+            self.console.print(f"[yellow]warning:[/yellow] {warning}", highlight=False)
+        self.cost = TrainerCost(prices, accelerators, ledger=ledger)
         self.alarms = CollapseAlarms(settle_steps=alarm_settle_steps(cfg.optimizer.warmup_steps))
         self._probe_alarms_seen = 0  # probe reports above their bound already printed
         self.source = build_task_source(cfg.tasks, tokenizer=self.tokenizer)
@@ -298,6 +305,7 @@ class Trainer:
     def _save_checkpoint(self) -> None:
         if self.leader:
             self.meta["task_cursor"] = int(self.source.cursor)
+            self.meta["cost"] = self.cost.ledger.state()  # commits with the step (orbax's rename)
             self._order(CHECKPOINT)
         with self.lockstep.collective():
             self.checkpointer.save(self.meta["step"], self.model, self.learner.optimizer, self.meta)
@@ -406,8 +414,7 @@ class Trainer:
 
     def _loop(self) -> None:
         cfg = self.cfg
-        # Replica-hours, USD and useful samples per group (trainer_jax.cost), from here on.
-        self.cost = TrainerCost(cfg.group_prices(), {g.name: g.accelerator for g in cfg.groups})
+        self.cost.start()  # the first step is charged from here (the ledger is built in _setup)
         with StepProgress(self.console, cfg.run.steps, self.meta["step"], cfg.train.log_every) as progress:
             while self.meta["step"] < cfg.run.steps:
                 t0 = time.perf_counter()

@@ -29,7 +29,7 @@ from trainer_jax.service import RolloutService  # noqa: E402
 
 BIN = Path(sys.executable).parent
 TOKEN = "fleet-ray-token"
-# The cluster runs with Ray's token authentication and a token of its own (Ray >= 2.52 turns it on
+# The cluster runs with Ray's token authentication and a token of its own (Ray 2.60 turns it on
 # by itself where ~/.ray/auth_token exists, as a `ray.init()` by hand leaves behind): the test then
 # does not depend on what the machine's home holds, and the fleet is shown to work under it.
 RAY_AUTH = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(16)}
