@@ -116,6 +116,23 @@ def test_corrected_growth_is_not_bounded(tmp_path):
     assert v[3].verdict == NOT_REPRODUCED and "aggressive/sc_mis/seed0" in v[3].text
 
 
+def test_a_corrected_collapse_counts_against_bounded_only_after_k3_growth(tmp_path):
+    # SC + MIS collapsing on the homogeneous pool with k3 shrinking: the mismatch stayed bounded.
+    _seed_like(tmp_path)
+    shrink = [1e-3 * math.exp(-0.1 * s) for s in range(1, N + 1)]
+    _run(tmp_path, "homogeneous", "sc_mis", 1, k3=shrink, rewards=[0.4] * 14 + [0.0] * (N - 14))
+    v = {c.number: c for c in verdicts(_grid(tmp_path))}
+    assert v[3].verdict == REPRODUCED, v[3].text
+    assert "collapsed with k3 bounded or shrinking (not counted" in v[3].text and "homogeneous/sc_mis/seed1" in v[3].text
+    # The same collapse after k3 grew: not bounded.
+    grown = tmp_path / "grown"
+    _seed_like(grown)
+    _run(grown, "mixed", "sc_mis", 1, k3=[1e-3 * math.exp(0.1 * s) for s in range(1, N + 1)],
+         rewards=[0.4] * 14 + [0.0] * (N - 14))
+    v = {c.number: c for c in verdicts(_grid(grown))}
+    assert v[3].verdict == NOT_REPRODUCED and "mixed/sc_mis/seed1" in v[3].text
+
+
 def _dial(root: Path) -> None:
     for sigma, rate in ((0.1, 0.0), (1.0, 0.05), (3.0, 0.15)):
         for cond in ("grpo", "sc_mis"):
@@ -174,7 +191,7 @@ def test_summary_document_and_readme_blocks(tmp_path):
     # 4 sync cells x 30 s + 60 s warm start + 6 dial cells x 30 s
     assert "Cell time used in all: **390 s (6 min)**" in text  # + the probe's 30 s
     assert "### lr probe (probe: not in the claims below)" in text and "optimizer.learning_rate=2e-3" in text
-    assert "corrected runs with k3 growth or a collapse: 0/5" in text  # the probe's growing run is not judged
+    assert "corrected runs with k3 growth (over the run, or before a collapse): 0/5" in text  # the probe's growing run is not judged
     assert "cells finished: 4 of 18 planned" in text and "aggressive/grpo/seed0 (not run)" in text
     assert "[results_sync.md](results_sync.md)" in text and "(results_async.md)" in text
     for fig in ("kl", "phase", "group_oor_vs_kl"):

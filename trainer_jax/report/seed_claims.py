@@ -162,12 +162,19 @@ def claim_bounded(grid: Grid) -> Claim:
     corr = [r for r in grid.ok if r.condition in CORRECTED and r.trend.n]
     if not corr:
         return Claim(3, title, NOT_OBSERVABLE, "no corrected run finished with a k3 series.")
-    grew = [r for r in corr if r.trend.label == "growth" or r.collapsed]
+    # The claim is about the mismatch: a corrected run fails it when k3 grew, over the run or before
+    # its collapse. A collapse with k3 bounded or shrinking is not the mismatch escaping (it happens on
+    # the homogeneous pool too, where there is no mismatch to bound): reported, and judged by claim 1.
+    grew = [r for r in corr if r.trend.label == "growth" or (r.collapsed and _before(r).label == "growth")]
+    fell = [r for r in corr if r.collapsed and r not in grew]
     grpo = [r for r in grid.ok if r.condition == "grpo" and r.trend.n and r.pool in {x.pool for x in corr}]
     grpo_grew = sum(r.trend.label == "growth" for r in grpo)
     text = (
-        f"corrected runs with k3 growth or a collapse: {len(grew)}/{len(corr)}"
+        f"corrected runs with k3 growth (over the run, or before a collapse): {len(grew)}/{len(corr)}"
         + (f" ({', '.join(f'{r.pool}/{r.condition}/seed{r.seed} slope {r.trend.slope:+.3f}/step ({r.trend.label}), {collapse_summary([r])}' for r in grew)})" if grew else "")
+        + (f"; corrected runs that collapsed with k3 bounded or shrinking (not counted: the mismatch stayed bounded): {len(fell)}/{len(corr)} "
+           f"({', '.join(f'{r.pool}/{r.condition}/seed{r.seed} slope before collapse {_before(r).slope:+.3f}/step ({_before(r).label}), {collapse_summary([r])}' for r in fell)})"
+           if fell else "")
         + f"; slope of ln k3, corrected: {fmt(nanmean([r.trend.slope for r in corr]), '+.4f')}/step (mean; range "
         f"{fmt(min(r.trend.slope for r in corr), '+.4f')} to {fmt(max(r.trend.slope for r in corr), '+.4f')}), uncorrected "
         f"GRPO in the same pools: {fmt(nanmean([r.trend.slope for r in grpo]), '+.4f')}/step, growth in {grpo_grew}/{len(grpo)}."
