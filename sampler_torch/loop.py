@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import inspect
 import json
 import logging
 import threading
@@ -85,6 +86,7 @@ class SamplerLoop:
         self.cfg = cfg or LoopConfig()
         self.stats = LoopStats()
         self.stop_event = threading.Event()
+        self._stoppable: bool | None = None  # whether engine.generate takes should_stop
         self.active_samples = 0
         self._make_params = make_params or _engine_params
         self._tokenizer = tokenizer
@@ -314,7 +316,7 @@ class SamplerLoop:
             prompts = [list(items[k][0].prompt_ids) for k in plain]
             params = [self._make_params(items[k][0].sampling, items[k][0].sampling.seed + items[k][1])
                       for k in plain]
-            for k, c in zip(plain, self.engine.generate(prompts, params), strict=True):
+            for k, c in zip(plain, self._engine_generate(prompts, params), strict=True):
                 out[k] = _from_completion(c, items[k][0].sampling)
         for group in episodic.values():
             task0 = items[group[0][0]][0]
@@ -324,7 +326,7 @@ class SamplerLoop:
             budget = [len(items[k][0].prompt_ids) + extra for k, _ in group]
             seeds = [items[k][0].sampling.seed + items[k][1] for k, _ in group]
             try:
-                recs = run_episodes(self.engine.generate, [ep for _, ep in group],
+                recs = run_episodes(self._engine_generate, [ep for _, ep in group],
                                     self._make_params(task0.sampling, 0), max_total_tokens=budget,
                                     seeds=seeds, should_stop=self.stop_event.is_set)
             finally:
@@ -333,6 +335,16 @@ class SamplerLoop:
             for (k, _), rec in zip(group, recs, strict=True):
                 out[k] = _from_episode(rec, len(items[k][0].prompt_ids), items[k][0].sampling)
         return out  # type: ignore[return-value]
+
+    def _engine_generate(self, prompts, params):
+        """The backend's ``generate``, told to stop with the loop where it can be (the engine ends
+        its requests within one decode step, ``finish_reason`` ``stopped``: the round is then not
+        submitted); a backend without ``should_stop`` finishes its call first."""
+        if self._stoppable is None:
+            self._stoppable = "should_stop" in inspect.signature(self.engine.generate).parameters
+        if self._stoppable:
+            return self.engine.generate(prompts, params, should_stop=self.stop_event.is_set)
+        return self.engine.generate(prompts, params)
 
     def _episode(self, env, task: pb.Task):
         try:

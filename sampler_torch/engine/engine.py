@@ -288,12 +288,15 @@ class Engine:
     @torch.inference_mode()
     def generate(self, prompts: Sequence[Sequence[int]],
                  params: SamplingParams | Sequence[SamplingParams] | None = None, *,
-                 on_step: Callable[[int], None] | None = None) -> list[Completion]:
+                 on_step: Callable[[int], None] | None = None,
+                 should_stop: Callable[[], bool] | None = None) -> list[Completion]:
         """Generate for every prompt; completions in prompt order.
 
         ``params``: one ``SamplingParams`` for all (request ``i`` seeded ``seed + i``) or one per
         prompt. ``on_step(step)`` runs after each step's sampling (the point where a reload
-        requested from it takes effect before the next forward).
+        requested from it takes effect before the next forward). ``should_stop()`` is asked before
+        each step: once true, every unfinished request ends with ``finish_reason`` ``"stopped"``
+        and its tokens so far (a sampler told to stop returns within one step, not one call).
         """
         reqs = self._requests(prompts, params if params is not None else SamplingParams())
         if not reqs:
@@ -303,14 +306,15 @@ class Engine:
             with self._lock:
                 self._generating = True
             try:
-                self._run(reqs, on_step)
+                self._run(reqs, on_step, should_stop)
             finally:
                 with self._lock:
                     self._generating = False
                 self._apply_pending()  # a reload staged during the last step
         return [r.out for r in reqs]
 
-    def _run(self, reqs: list[_Request], on_step: Callable[[int], None] | None) -> None:
+    def _run(self, reqs: list[_Request], on_step: Callable[[int], None] | None,
+             should_stop: Callable[[], bool] | None = None) -> None:
         cfg, dev = self.config, self.device
         stats = self.last_stats = GenerateStats()
         n_slots = min(self.max_batch, len(reqs))
@@ -344,6 +348,10 @@ class Engine:
         decoding: list[int] = []                # slots with a sampled token still to feed
         step = 0
         while waiting or running:
+            if should_stop is not None and should_stop():
+                for req in [*running.values(), *waiting]:
+                    req.out.finish_reason = "stopped"
+                break
             if self.partial_rollouts and self._apply_pending():
                 stats.swaps.append((step, self._version))
             fwd, version = self._forward, self._version

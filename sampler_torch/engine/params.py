@@ -25,7 +25,7 @@ class Completion:
     - ``support_ids[t]`` / ``support_logprobs[t]``: the kept set S_t (most probable first) with
       log b_t; ``None`` for the whole completion when the request does not truncate.
     - ``versions[t]``: the weights version whose forward produced the logits of token t.
-    - ``finish_reason``: ``"stop"`` or ``"length"``.
+    - ``finish_reason``: ``"stop"``, ``"length"``, or ``"stopped"`` (``generate(should_stop=)`` ended it).
     """
 
     index: int

@@ -229,3 +229,22 @@ def test_the_default_bf16_engine_scores_what_it_samples(hf_model_dir):
         agree += sum(h == logq[t].topk(HEAD_K).indices.tolist()
                      for t, h in enumerate(c.head_ids))
     assert agree >= 0.75 * 6 * len(prompts), agree
+
+
+def test_should_stop_ends_every_request_within_one_step(engine):
+    """A sampler told to stop: the engine asks before each step and ends every unfinished request
+    (running or still waiting for a slot) with its tokens so far, ``finish_reason`` ``stopped``."""
+    prompts = [[1, 2, 3], [4, 5], [6], [7, 8, 9], [10], [11, 12]]  # 6 requests, 4 slots
+    steps: list[int] = []
+    outs = engine.generate(prompts, SamplingParams(max_new_tokens=50, seed=3, stop_token_ids=()),
+                           on_step=steps.append, should_stop=lambda: len(steps) >= 3)
+    assert len(steps) == 3
+    assert [c.finish_reason for c in outs] == ["stopped"] * 6
+    assert [len(c.token_ids) for c in outs] == [3, 3, 3, 3, 0, 0]  # the waiting two never started
+    # The tokens it did sample are the ones an uninterrupted call samples (same seeds).
+    full = engine.generate(prompts[:4], SamplingParams(max_new_tokens=3, seed=3, stop_token_ids=()))
+    assert [c.token_ids for c in outs[:4]] == [c.token_ids for c in full]
+    # Never told: the call runs to its lengths.
+    outs = engine.generate(prompts[:2], SamplingParams(max_new_tokens=5, seed=3, stop_token_ids=()),
+                           should_stop=lambda: False)
+    assert [(c.finish_reason, len(c.token_ids)) for c in outs] == [("length", 5)] * 2
