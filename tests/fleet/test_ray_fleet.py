@@ -1,7 +1,8 @@
 """mixrl-fleet on a real local Ray cluster the test starts on loopback and stops: a real rollout
 service with the tiny model published as v0, replicas placed by their accelerator resource, one
-killed (SIGKILL to its actor's worker) and replaced, a group scaled 1 -> 3 by a plan, and `down`
-leaving no Ray worker and no sampler behind."""
+killed (SIGKILL to its actor's worker) and replaced, a group scaled 1 -> 3 by a plan, a second
+Ray node (the only A100) killed with its replica and a third one joining for the replacement, and
+`down` leaving no Ray worker and no sampler behind."""
 
 import json
 import os
@@ -34,6 +35,10 @@ TOKEN = "fleet-ray-token"
 # does not depend on what the machine's home holds, and the fleet is shown to work under it.
 RAY_AUTH = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(16)}
 ENV = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "MIXRL_TOKEN": TOKEN, **RAY_AUTH}
+# The head's GCS declares a silent node dead after 3 failed health checks a second apart (Ray's
+# default: 5, 3 s apart, ~15 s); the timeout per check stays Ray's 10 s, so a node merely slow under
+# load is not declared dead, and a killed one (connection refused at once) is, in ~3 s.
+HEALTH = {"RAY_health_check_period_ms": "1000", "RAY_health_check_failure_threshold": "3"}
 
 
 def _free_port() -> int:
@@ -62,7 +67,7 @@ def cluster():
            "--resources", json.dumps({"H100": 2, "B200": 3}), "--disable-usage-stats",
            "--include-dashboard=false", "--temp-dir", temp]
     try:
-        subprocess.run(cmd, env=ENV, check=True, capture_output=True, text=True, timeout=120)
+        subprocess.run(cmd, env={**ENV, **HEALTH}, check=True, capture_output=True, text=True, timeout=120)
         # This process's driver: Ray reads the mode into its config at import, so refresh it (what
         # Ray's own token setup does after setting RAY_AUTH_MODE).
         os.environ.update(RAY_AUTH)
@@ -79,6 +84,64 @@ def cluster():
                        capture_output=True, timeout=120)
         shutil.rmtree(temp, ignore_errors=True)
         assert not _ray_daemons(), "ray stop left Ray running"
+
+
+def _join_node(address: str, resources: dict) -> tuple[subprocess.Popen, str]:
+    """Start `ray start` of a worker node joining ``address`` on this machine (1 CPU, ``resources``,
+    a temp dir of its own, by which `_kill_node` finds its processes); returns at once with the
+    command and that dir. Ray 2.60 runs two nodes on one host with default ports (each raylet
+    picks its own)."""
+    temp = tempfile.mkdtemp(prefix="mxnode", dir="/tmp")
+    cmd = [str(BIN / "ray"), "start", "--address", address, "--node-ip-address", "127.0.0.1",
+           "--num-cpus", "1", "--object-store-memory", "100000000", "--resources", json.dumps(resources),
+           "--disable-usage-stats", "--temp-dir", temp]
+    return subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True), temp
+
+
+def _joined(start: subprocess.Popen) -> None:
+    out, _ = start.communicate(timeout=120)
+    assert start.returncode == 0, out
+
+
+def _node_procs(temp: str) -> list[psutil.Process]:
+    """A node's processes: its raylet (found by its temp dir on the command line) with everything
+    below it (agents, workers, their samplers) and the node's other daemons (log monitor)."""
+    mine, raylets = [], []
+    for p in psutil.process_iter(["cmdline", "name", "status"]):
+        try:
+            if p.info["status"] != psutil.STATUS_ZOMBIE and temp in " ".join(p.info["cmdline"] or []):
+                mine.append(p)
+                if p.info["name"] == "raylet":
+                    raylets.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    for r in raylets:
+        try:
+            mine += [c for c in r.children(recursive=True) if c.status() != psutil.STATUS_ZOMBIE]
+        except psutil.NoSuchProcess:
+            pass
+    return list({p.pid: p for p in mine}.values())
+
+
+def _kill_node(temp: str) -> list[int]:
+    """SIGKILL every process of the node with temp dir ``temp`` (a node lost at once); their pids."""
+    procs = _node_procs(temp)
+    for p in procs:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    return [p.pid for p in procs]
+
+
+def _stop_node(temp: str, timeout: float = 30) -> list[psutil.Process]:
+    """Kill the node until none of its processes is left (or ``timeout``); what is left. Never
+    raises: it runs in the test's cleanup too."""
+    deadline = time.monotonic() + timeout
+    while (left := _node_procs(temp)) and time.monotonic() < deadline:
+        _kill_node(temp)
+        time.sleep(0.25)
+    return left
 
 
 def _fleet(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
@@ -131,9 +194,13 @@ def test_fleet_on_a_local_ray_cluster(cluster, tmp_path):
             {"name": "b200", "recipe": "bf16", "accelerator": "B200", "spawn": False, "processes": 1,
              "capacity": 2, "device": "auto", "resources": {"num_cpus": 0.5}, "price_per_hour": 5.0,
              "max_processes": 3},
+            {"name": "a100", "recipe": "bf16", "accelerator": "A100", "spawn": False, "processes": 1,
+             "capacity": 2, "device": "auto", "resources": {"num_cpus": 0.5}, "price_per_hour": 2.0},
         ]}
     config = tmp_path / "fleet.yaml"
     config.write_text(yaml.safe_dump(tree))
+    # the cluster's only A100: a second node on this machine, joining while the service starts
+    nodes = [_join_node(cluster, {"A100": 1})]
     cfg = load_config(config)
     svc = RolloutService.from_config(cfg, token=TOKEN).start()
     svc.publish_version(0, publish(tiny_char_model(tmp_path / "init"), None, tmp_path / "pub", 0, ["bf16"]))
@@ -158,18 +225,23 @@ def test_fleet_on_a_local_ray_cluster(cluster, tmp_path):
 
     phases, t0 = [], time.monotonic()
     try:
+        _joined(nodes[0][0])
         up = _fleet("up", "--config", str(config), "--trainer", address, "--address", cluster,
                     "--weights-transfer", "fetch")
         assert up.returncode == 0, up.stdout + up.stderr
         assert "fleet fleet-test -> trainer" in up.stdout
         phases.append(("up placed", time.monotonic() - t0))
         # each replica fetched v0 over gRPC, started its sampler, and the sampler registered
-        _wait(lambda: live("h100") == ["h100-0"] and live("b200") == ["b200-0"], 180,
-              "one sampler per group registered", fleet_status)
-        phases.append(("2 samplers registered", time.monotonic() - t0))
-        # placed by resource: one H100 and one B200 of the cluster's are taken, half a CPU each
+        _wait(lambda: [live(g) for g in ("h100", "b200", "a100")] == [["h100-0"], ["b200-0"], ["a100-0"]],
+              180, "one sampler per group registered", fleet_status)
+        phases.append(("3 samplers registered", time.monotonic() - t0))
+        # placed by resource: one H100, one B200 and the A100 are taken, half a CPU each (of 2 + 1)
         avail = ray.available_resources()
-        assert avail.get("H100") == 1 and avail.get("B200") == 2 and avail.get("CPU") == 1.0, avail
+        assert avail.get("H100") == 1 and avail.get("B200") == 2 and avail.get("A100", 0) == 0 \
+            and avail.get("CPU") == 1.5, avail
+        a100 = next(r for r in controller_status()["replicas"] if r["name"] == "a100-0")
+        node_b = next(n["NodeID"] for n in ray.nodes() if n["Alive"] and n["Resources"].get("A100"))
+        assert a100["node"] == node_b and a100["pid"] in {p.pid for p in _node_procs(nodes[0][1])}, a100
 
         # kill the h100 replica's actor process (its sampler goes with it; a new replica replaces
         # it) and, meanwhile, scale b200 from 1 to 3 replicas with a plan applied to the fleet
@@ -181,30 +253,69 @@ def test_fleet_on_a_local_ray_cluster(cluster, tmp_path):
         up = _fleet("up", "--config", str(config), "--trainer", address, "--address", cluster,
                     "--plan", str(plan), "--weights-transfer", "fetch")
         assert up.returncode == 0 and "re-targeted" in up.stdout, up.stdout + up.stderr
+
+        # meanwhile the A100 node dies (its raylet, workers and sampler SIGKILLed): once the head
+        # declares it dead, a100-0 is a dead actor; its replacement fits nowhere and waits
+        killed = _kill_node(nodes[0][1])
+        assert a100["pid"] in killed and a100["sampler_pid"] in killed, (a100, killed)
         _wait(lambda: _gone(victim["sampler_pid"]), 30, "the victim's sampler to go with its actor")
-        _wait(lambda: live("h100") == ["h100-1"] and live("b200") == ["b200-0", "b200-1", "b200-2"], 180,
-              "h100-1 replacing h100-0 and three b200 samplers", fleet_status)
-        phases.append(("replaced + scaled, registered", time.monotonic() - t0))
-        avail = ray.available_resources()
-        assert avail.get("B200", 0) == 0 and avail.get("H100") == 1 and avail.get("CPU", 0) == 0, avail
+
+        def waiting_a100() -> dict | None:
+            st = controller_status()
+            rows = [r for r in st["replicas"] if r["group"] == "a100"]
+            return st if [(r["name"], r["state"]) for r in rows] == [("a100-1", "starting")] else None
+        st = _wait(waiting_a100, 60, "a100-0 dead and a100-1 waiting", fleet_status)
+        assert any("a100-0 dead (the actor died" in e for e in st["events"]), st["events"]
+        assert not any(n["Alive"] for n in ray.nodes() if n["NodeID"] == node_b)
+        phases.append(("A100 node dead, a100-1 waiting", time.monotonic() - t0))
+        _wait(lambda: "a100" not in registered(), 30, "the trainer to drop a100-0's session")
+        out = fleet_status()
+        row = next(line.split() for line in out.splitlines() if line.startswith("a100"))
+        assert row[:2] == ["a100", "A100"] and row[-3:] == ["0", "1", "0"], out  # running, starting, dead
+        assert any(line.split()[:2] == ["a100-1", "starting"] and "waiting for placement" in line
+                   for line in out.splitlines()), out
+        # seconds later (the CLI's own run) still nowhere to go: no placement, no second replacement
         st = controller_status()
-        assert st["replaced"] == 1 and any("h100-0 dead (the actor died" in e for e in st["events"]), st
+        assert [(r["name"], r["state"]) for r in st["replicas"] if r["group"] == "a100"] == [
+            ("a100-1", "starting")] and st["replaced"] == 2, st
+
+        # a fresh node with an A100 joins: a100-1 is placed there and its sampler registers
+        nodes.append(_join_node(cluster, {"A100": 1}))
+        _joined(nodes[1][0])
+        _wait(lambda: live("h100") == ["h100-1"] and live("b200") == ["b200-0", "b200-1", "b200-2"]
+              and live("a100") == ["a100-1"], 180,
+              "h100-1 replacing h100-0, three b200 samplers and a100-1 on the new node", fleet_status)
+        phases.append(("replaced + scaled + new node, registered", time.monotonic() - t0))
+        avail = ray.available_resources()
+        assert avail.get("B200", 0) == 0 and avail.get("H100") == 1 and avail.get("A100", 0) == 0 \
+            and avail.get("CPU", 0) == 0.5, avail
+        st = controller_status()
+        assert st["replaced"] == 2 and any("h100-0 dead (the actor died" in e for e in st["events"]), st
+        a100 = next(r for r in st["replicas"] if r["name"] == "a100-1")
+        assert a100["node"] not in ("", node_b) and a100["pid"] in {p.pid for p in _node_procs(nodes[1][1])}
         out = fleet_status()
         row = next(line.split() for line in out.splitlines() if line.startswith("b200"))
         assert row[:4] == ["b200", "B200", "3", "3"] and row[5] == "3", out  # target, plan, running
         assert "h100-1" in out and "running" in out
 
         pids = {p.pid for p in _ours(address)}
-        assert len(pids) >= 8, pids  # 4 replica actors, 4 samplers (the controller too)
+        assert len(pids) >= 10, pids  # 5 replica actors, 5 samplers (the controller too)
         down = _fleet("down", "--address", cluster, "--name", "fleet-test", timeout=120)
-        assert down.returncode == 0 and "stopped 4 replicas" in down.stdout, down.stdout + down.stderr
+        assert down.returncode == 0 and "stopped 5 replicas" in down.stdout, down.stdout + down.stderr
         _wait(lambda: not _ours(address), 30, "no fleet process left",
               lambda: "\n".join(" ".join(p.cmdline()) for p in _ours(address)))
         with pytest.raises(ValueError):
             ray.get_actor("fleet-test", namespace="mixrl")
+        assert not _node_procs(nodes[0][1]), "the dead node came back"
+        assert not _stop_node(nodes[1][1]), "the second A100 node does not stop"
         phases.append(("down, nothing left", time.monotonic() - t0))
         print("phases (s since the first up):", ", ".join(f"{n} {t:.1f}" for n, t in phases))
     finally:
         for p in _ours(address):
             p.kill()
+        for start, temp in nodes:  # the nodes this test joined: gone whatever happened
+            if start.poll() is None:
+                start.kill()
+            _stop_node(temp)
+            shutil.rmtree(temp, ignore_errors=True)
         svc.stop(grace=0)
