@@ -28,6 +28,9 @@ from envs.rewards.builtin import BUILTINS
 log = logging.getLogger(__name__)
 #: At most this many metrics beside ``reward`` in one answer (``envs.rewards.worker`` enforces it).
 MAX_METRICS = 32
+#: A request line (its newline aside) of at most this many bytes reaches a worker: the pool scores
+#: a longer one 0 (``too_large``) without sending it, and a worker answers one ``too_large`` unread.
+MAX_REQUEST_BYTES = 64 * 1024**2
 #: Where a call's process finds its deadline (``time.time()`` seconds): rewards that start a
 #: sandbox fit it inside their own timeout (``envs.rewards.code_harness``).
 DEADLINE_ENV = "MIXRL_REWARD_DEADLINE"
@@ -54,7 +57,7 @@ class RewardResult:
     error: str | None = None  # the exception, or "timeout after N s"
     timed_out: bool = False
     # Why it scored 0 (a short metric name: timeout, exception, memory, crashed, exited, forked,
-    # stray_output, bad_return, load, worker_died, protocol), None when it did not fail.
+    # stray_output, bad_return, load, worker_died, protocol, too_large), None when it did not fail.
     reason: str | None = None
 
 
@@ -69,6 +72,11 @@ class _WorkerFailed(Exception):
         self.reason = reason
 
 
+class _TooLarge(Exception):
+    """The request is over ``MAX_REQUEST_BYTES``: refused before a byte of it is written (the
+    worker is left as it was)."""
+
+
 class _Worker:
     """One supervisor process (``envs.rewards.worker``): requests on its stdin, answers on its
     stdout, one answer per request, matched by id."""
@@ -80,14 +88,20 @@ class _Worker:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(dict.fromkeys(path)))
         self.proc = subprocess.Popen([sys.executable, "-m", "envs.rewards.worker"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, env=env, start_new_session=True)
+        # Requests are written without blocking, a slice at a time, inside the call's deadline: a
+        # worker that stops reading cannot hold the caller past it (a blocking write of a request
+        # over the pipe's 64 KiB did, for ever).
+        os.set_blocking(self.proc.stdin.fileno(), False)
+        self._write_lock = threading.Lock()  # the writer's os.write vs another thread's close
         self.loaded: set[str] = set()
         self.busy = False  # a thread is in call(): kill() then leaves its pipe to it
         self._next_id = 0
         self._buf = b""
 
     def call(self, request: dict, timeout: float) -> dict | None:
-        """The answer to ``request``, or None if none came within ``timeout`` s (the worker is
-        then killed); ``_WorkerFailed`` if the worker died or broke the protocol."""
+        """The answer to ``request``, or None if none came within ``timeout`` s, writing the request
+        included (the worker is then killed); ``_WorkerFailed`` if the worker died or broke the
+        protocol, ``_TooLarge`` (nothing sent) if the request is over ``MAX_REQUEST_BYTES``."""
         self.busy = True
         try:
             return self._call(request, timeout)
@@ -95,26 +109,35 @@ class _Worker:
             self.busy = False
 
     def _call(self, request: dict, timeout: float) -> dict | None:
+        deadline = time.monotonic() + timeout
+        line = json.dumps({**request, "id": self._next_id + 1}, default=str).encode()
+        if len(line) > MAX_REQUEST_BYTES:
+            raise _TooLarge(f"the reward request is {len(line)} bytes, over MAX_REQUEST_BYTES "
+                            f"({MAX_REQUEST_BYTES}): not sent")
         self._next_id += 1
         rid = self._next_id
-        try:
-            self.proc.stdin.write(json.dumps({**request, "id": rid}, default=str).encode() + b"\n")
-            self.proc.stdin.flush()
-        except (BrokenPipeError, ValueError) as e:
-            raise _WorkerFailed("worker_died", f"reward worker exited (code {self.proc.poll()}): {e}") \
-                from None
-        deadline = time.monotonic() + timeout
+        unsent = memoryview(line + b"\n")  # sliced, never copied: a 64 MiB request is written once
+        try:  # the pool may be closed under us: its pipes are then gone
+            out_fd, in_fd = self.proc.stdin.fileno(), self.proc.stdout.fileno()
+        except ValueError:
+            raise _WorkerFailed("worker_died", "reward worker stopped (its pipes are closed)") from None
         while b"\n" not in self._buf:
             left = deadline - time.monotonic()
-            try:  # the pool may be closed under us: its pipes are then gone
-                fd = self.proc.stdout.fileno()
-                ready, _, _ = select.select([fd], [], [], max(0.0, left))
-                data = os.read(fd, 1 << 20) if ready else None
+            if left <= 0:
+                self.kill()
+                return None
+            try:
+                readable, writable, _ = select.select([in_fd], [out_fd] if unsent else [], [], left)
+                if writable:
+                    unsent = unsent[self._write(out_fd, unsent[:1 << 20]):]
+                data = os.read(in_fd, 1 << 20) if readable else None
+            except BrokenPipeError:  # it stopped reading for good: its answer (if any) or EOF tells
+                unsent = unsent[:0]
+                continue
             except (OSError, ValueError) as e:
                 raise _WorkerFailed("worker_died", f"reward worker stopped ({e})") from None
             if data is None:
-                self.kill()
-                return None
+                continue
             if not data:
                 raise _WorkerFailed("worker_died", f"reward worker exited (code {self.proc.wait()})")
             self._buf += data
@@ -125,10 +148,22 @@ class _Worker:
             answer = json.loads(line)
         except ValueError:
             raise _WorkerFailed("protocol", f"reward worker answered {line[:60]!r}") from None
-        if not isinstance(answer, dict) or answer.get("id") != rid or self._buf:
+        if isinstance(answer, dict) and answer.get("id") is None and answer.get("reason") == "too_large":
+            raise _WorkerFailed("too_large", str(answer.get("error")))  # the worker exits after it
+        if not isinstance(answer, dict) or answer.get("id") != rid or self._buf or unsent:
             raise _WorkerFailed("protocol", f"reward worker answered request {answer.get('id')!r} "
                                 f"to request {rid}" if isinstance(answer, dict) else "not an object")
         return answer
+
+    def _write(self, fd: int, data: memoryview) -> int:
+        """Write what the pipe takes now (never blocks); not once another thread closed it."""
+        with self._write_lock:
+            if self.proc.stdin.closed:
+                raise _WorkerFailed("worker_died", "reward worker stopped (its pipes are closed)")
+            try:
+                return os.write(fd, data)
+            except BlockingIOError:
+                return 0
 
     def kill(self) -> None:
         """Kill the supervisor and its process group (its calls' children die with it)."""
@@ -138,18 +173,26 @@ class _Worker:
             pass
         self.proc.wait()
         # A thread reading the answer sees EOF and closes its pipe itself (never a reused fd).
-        for f in (self.proc.stdin,) if self.busy else (self.proc.stdin, self.proc.stdout):
+        self._close_stdin()
+        if not self.busy:
             try:
-                f.close()
+                self.proc.stdout.close()
+            except OSError:
+                pass
+
+    def _close_stdin(self) -> None:
+        with self._write_lock:  # never between a writer's check and its os.write
+            try:
+                self.proc.stdin.close()
             except OSError:
                 pass
 
     def close(self, wait_s: float = 2.0) -> None:
         """Close the channel (the supervisor kills what its calls left and exits), then kill."""
+        self._close_stdin()
         try:
-            self.proc.stdin.close()
             self.proc.wait(timeout=wait_s)
-        except (OSError, subprocess.TimeoutExpired):
+        except subprocess.TimeoutExpired:
             pass
         self.kill()
 
@@ -245,6 +288,8 @@ class RewardPool:
                 return self._failed(reason, str(answer.get("error")))
             reward, metrics = _valid_answer(answer)
             return RewardResult(reward, metrics)
+        except _TooLarge as e:  # nothing was sent: the worker serves on
+            return self._failed("too_large", str(e))
         except _WorkerFailed as e:  # a dead or confused worker scores 0 and is replaced
             self._drop(worker)
             worker = None

@@ -4,7 +4,9 @@ The pool (``envs.rewards.RewardPool``) writes one JSON request per line on the w
 ``{"id": n, "fn": "package.module:function", "kwargs": {...}, "timeout_s": t, "memory_bytes": m}``
 (or ``{"id": n, "check": spec}`` to import only), and reads exactly one answer line per request,
 ``{"id": n, "ok": true, "value": {"reward": r, "metrics": {...}}}`` or
-``{"id": n, "ok": false, "reason": "...", "error": "..."}``.
+``{"id": n, "ok": false, "reason": "...", "error": "..."}``. A request line over ``MAX_REQUEST_BYTES``
+is answered ``{"id": null, "ok": false, "reason": "too_large", ...}`` before the rest of it is read,
+and the worker exits (the pool checks the size before it writes, so it never sends one).
 
 Why every call runs in a child forked for it, not in this process: the user's function is code
 we do not control. Run in the process that holds the channel to the pool, a function that forks
@@ -49,12 +51,11 @@ import sys
 import time
 from collections.abc import Callable
 
-from envs.rewards import DEADLINE_ENV, MAX_METRICS
+from envs.rewards import DEADLINE_ENV, MAX_METRICS, MAX_REQUEST_BYTES
 from envs.rewards.builtin import BUILTINS, INLINE, WARM
 
 MAX_RESULT_BYTES = 64 * 1024
 MAX_KEY_CHARS = 100
-MAX_REQUEST_BYTES = 64 * 1024**2
 PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER = 1, 36
 TERM_GRACE_S = 1.0
 
@@ -255,22 +256,42 @@ class Supervisor:
         os.close(null)
         os.dup2(2, 1)  # the user's prints land on stderr, never on the channel
         sys.stdout = sys.stderr
-        self.pending = b""
+        self.pending = bytearray()  # bytes read past the last request line
         self.functions: dict[str, Callable] = {}
         _prctl(PR_SET_CHILD_SUBREAPER, 1)
 
     def requests(self):
-        """Request dicts as they arrive; ends when the pool closes the channel (or dies)."""
+        """Request dicts as they arrive; ends when the pool closes the channel (or dies), or after
+        a line over ``MAX_REQUEST_BYTES`` (answered ``too_large`` with id null; the rest of it is
+        never read, so memory stays bounded whatever the writer sends)."""
         while True:
-            while b"\n" not in self.pending:
-                if len(self.pending) > MAX_REQUEST_BYTES:
-                    return
-                data = os.read(self.channel_in, 1 << 20)
-                if not data:
-                    return
-                self.pending += data
-            line, _, self.pending = self.pending.partition(b"\n")
+            line = self._next_line()
+            if line is None:
+                return
             yield json.loads(line)
+
+    def _next_line(self) -> bytes | None:
+        """The next request line, read in linear time: each byte is appended once (a bytearray
+        grows in place) and searched once (from where the last search stopped); None at EOF or
+        after refusing a line over the limit. ``pending`` never holds more than the limit + 1
+        bytes of an unfinished line (the reads are sized to stop there)."""
+        scanned = 0
+        while True:
+            end = self.pending.find(b"\n", scanned)
+            if end > MAX_REQUEST_BYTES or (end < 0 and len(self.pending) > MAX_REQUEST_BYTES):
+                self.answer({"id": None, **_error(
+                    "too_large", f"a request line over MAX_REQUEST_BYTES ({MAX_REQUEST_BYTES} bytes): "
+                    "refused unread; the worker exits")})
+                return None
+            if end >= 0:
+                line = bytes(self.pending[:end])
+                del self.pending[:end + 1]  # O(1): a bytearray drops its head by moving its start
+                return line
+            scanned = len(self.pending)
+            data = os.read(self.channel_in, min(1 << 20, MAX_REQUEST_BYTES + 1 - scanned))
+            if not data:
+                return None
+            self.pending += data
 
     def answer(self, answer: dict) -> None:
         data = (json.dumps(answer) + "\n").encode()
@@ -327,7 +348,9 @@ class Supervisor:
                 if left <= 0:
                     outcome = _error("timeout", f"timeout after {timeout_s:.1f} s")
                     break
-                ready, _, _ = select.select([pidfd, self.channel_in] + ([] if eof else [r]), [], [], left)
+                # The channel is watched for EOF (the pool gone); never past the request limit.
+                channel = [self.channel_in] if len(self.pending) <= MAX_REQUEST_BYTES else []
+                ready, _, _ = select.select([pidfd, *channel] + ([] if eof else [r]), [], [], left)
                 if self.channel_in in ready:
                     data = os.read(self.channel_in, 1 << 20)
                     if not data:  # the pool is gone: take the call down with us

@@ -1,6 +1,6 @@
 """Reward-pool behaviour the reward modules' mutants showed untested (issue 37; docs/testing.md).
 
-Real worker processes over their real pipes; each test a second or two, but the one marked slow."""
+Real worker processes over their real pipes; each test a second or two."""
 
 from __future__ import annotations
 
@@ -101,11 +101,10 @@ def _worker_answers(request_file: Path) -> str:
     return out.stdout.decode()
 
 
-@pytest.mark.slow  # 36 s here under load: reading a 65 MiB line copies it again at every read
 def test_a_request_line_past_64_mib_is_refused(tmp_path):
-    # The worker checks the bound between reads of at most 1 MiB: from a file every read is 1 MiB,
-    # so a 63 MiB line is answered and a 65.5 MiB one is refused (the worker stops reading and
-    # exits without an answer); from the pool's pipe the reads are smaller, the bound the same.
+    # A 63 MiB line is answered and a 65.5 MiB one is refused: answered too_large (id null) after
+    # the limit + 1 bytes, and the worker exits. (Was slow, 36 s, while the worker copied its
+    # pending input at every read; the exact boundary: tests/envs/test_reward_requests.py.)
     def request(size: int) -> Path:
         path = tmp_path / f"request-{size}"
         head = b'{"id": 1, "check": "exact", "pad": "'
@@ -116,7 +115,8 @@ def test_a_request_line_past_64_mib_is_refused(tmp_path):
     small = request(63 << 20)
     assert _worker_answers(small) == '{"id": 1, "ok": true, "value": null}\n'
     small.unlink()
-    assert _worker_answers(request((65 << 20) + (1 << 19))) == ""
+    refused = json.loads(_worker_answers(request((65 << 20) + (1 << 19))))
+    assert refused["id"] is None and refused["reason"] == "too_large", refused
 
 
 _CAP_DRAIN = """

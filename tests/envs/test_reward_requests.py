@@ -1,0 +1,143 @@
+"""Requests to the reward workers: large, over the limit, or sent to a worker that stopped reading.
+
+Real worker processes (``python -m envs.rewards.worker``) over their real pipes. Before: the pool
+wrote a request outside the call's timeout, so a worker that stopped reading held ``score()`` for
+ever once the request was over the pipe's 64 KiB; the worker searched and copied its whole pending
+input again at every read (a 65 MiB request took 36 s), and a line over the limit ended the worker
+without a word (the call scored ``worker_died``)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import envs.rewards as rewards
+from envs.rewards import MAX_REQUEST_BYTES, RewardPool
+
+HERE = Path(__file__).parent
+ROOT = HERE.parents[1]
+LIMIT = 64 * 1024**2  # the documented MAX_REQUEST_BYTES: the tests pin it, not follow it
+
+
+def test_the_limit_is_the_documented_one():
+    assert MAX_REQUEST_BYTES == LIMIT
+
+
+def _worker() -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "envs.rewards.worker"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, cwd=ROOT)
+
+
+def _check_line(rid: int, size: int) -> bytes:
+    """A check request (import the ``exact`` built-in) padded to exactly ``size`` bytes, no newline."""
+    head = b'{"id": %d, "check": "exact", "pad": "' % rid
+    line = head + b"x" * (size - len(head) - 2) + b'"}'
+    assert len(line) == size
+    return line
+
+
+@pytest.mark.timeout(60)
+def test_a_worker_that_stops_reading_cannot_hold_score_past_the_calls_timeout(tmp_path, monkeypatch):
+    # The module's import-time thread holds the worker's GIL in a C call once triggered: the worker
+    # reads nothing more. An 8 MiB request fills the pipe; before, score() blocked in its write for
+    # ever (the timeout guarded only the read of the answer).
+    monkeypatch.syspath_prepend(str(HERE))
+    trigger = tmp_path / "stall"
+    monkeypatch.setenv("STALL_TRIGGER", str(trigger))
+    monkeypatch.setattr(rewards, "_GRACE_S", 0.5)  # the call's deadline: timeout_s + grace = 1 s
+    pool = RewardPool("stalling_reward:reward", workers=1, timeout_s=0.5)
+    try:
+        pool.check()
+        (stalled,) = pool._all
+        assert pool.score(completion="a", answer="a", prompt="", task={"r": 0.5}).reward == 0.5
+        trigger.touch()
+        deadline = time.monotonic() + 20
+        while not Path(f"{trigger}.stalled").exists():
+            assert time.monotonic() < deadline, "the worker never stalled"
+            time.sleep(0.01)
+        time.sleep(0.2)  # from the marker to the GIL-holding sleep: a function call
+        t0 = time.monotonic()
+        stuck = pool.score(completion="x" * (8 << 20), answer="a", prompt="", task={"r": 0.75})
+        took = time.monotonic() - t0
+        after = pool.score(completion="a", answer="a", prompt="", task={"r": 0.25})
+        assert stalled.proc.poll() is not None and stalled not in pool._all  # killed and replaced
+    finally:
+        pool.close()
+    assert (stuck.reward, stuck.reason, stuck.timed_out) == (0.0, "timeout", True), stuck
+    assert stuck.error.endswith(" s (worker killed)"), stuck
+    assert 1.0 <= took < 3.0, took  # the call's 1 s deadline, the write included, + the kill
+    assert (after.reward, after.error) == (0.25, None), after
+
+
+def test_a_request_of_exactly_the_limit_is_read_in_linear_time():
+    worker = _worker()
+    try:
+        worker.stdin.write(_check_line(1, 100) + b"\n")  # started and serving
+        worker.stdin.flush()
+        assert json.loads(worker.stdout.readline()) == {"id": 1, "ok": True, "value": None}
+        line = _check_line(2, LIMIT)
+        t0 = time.monotonic()
+        worker.stdin.write(line + b"\n")
+        worker.stdin.flush()
+        answer = worker.stdout.readline()
+        took = time.monotonic() - t0
+    finally:
+        worker.stdin.close()
+        worker.wait(10)
+    assert json.loads(answer) == {"id": 2, "ok": True, "value": None}
+    print(f"a {LIMIT}-byte request line read and answered in {took:.2f} s")
+    assert took < 2.0, took  # quadratic, 65 MiB took 36 s here
+
+
+def test_a_request_line_over_the_limit_is_refused_unread():
+    # One byte over, then far more behind it: the worker answers too_large after reading at most
+    # the limit + 1 bytes, exits, and our write of the rest fails: it never held the line.
+    worker = _worker()
+    chunk, total, sent = b"x" * (1 << 20), 4 * LIMIT, 0
+    try:
+        first = _check_line(1, LIMIT + 1)
+        with pytest.raises(BrokenPipeError):
+            worker.stdin.write(first)
+            sent = len(first)
+            while sent < total:
+                worker.stdin.write(chunk)
+                sent += len(chunk)
+            worker.stdin.flush()
+        answer = json.loads(worker.stdout.readline())
+        code = worker.wait(10)
+    finally:
+        worker.kill()
+        worker.wait()
+    assert answer["id"] is None and answer["ok"] is False and answer["reason"] == "too_large", answer
+    assert str(LIMIT) in answer["error"], answer
+    # It stopped reading one byte past the limit (what we wrote beyond that is at most the pipe's
+    # buffer and one chunk): 4x the limit offered, the limit + 1 taken.
+    assert code == 0 and len(first) <= sent < LIMIT + (4 << 20), (code, sent)
+
+
+@pytest.mark.timeout(60)
+def test_the_pool_refuses_a_request_over_the_limit_without_sending_it():
+    pool = RewardPool("exact", workers=1, timeout_s=5)
+    try:
+        pool.check()
+        (worker,) = pool._all
+        text = "x" * (LIMIT - 1000)  # the request (its JSON around it) just under
+        t0 = time.monotonic()
+        under = pool.score(completion=text, answer="x", prompt="", task={})
+        took = time.monotonic() - t0
+        over = pool.score(completion=text + "x" * 1000, answer="x", prompt="", task={})
+        after = pool.score(completion="a", answer="a", prompt="", task={})
+        assert pool._all == {worker} and worker.proc.poll() is None  # the same worker serves on
+    finally:
+        pool.close()
+    assert (under.reward, under.error) == (0.0, None), under
+    print(f"{LIMIT - 1000} bytes of completion scored through the pool in {took:.2f} s")
+    assert took < 3.0, took
+    assert (over.reward, over.reason, over.timed_out) == (0.0, "too_large", False), over
+    assert "MAX_REQUEST_BYTES" in over.error and "not sent" in over.error, over
+    assert (after.reward, after.error) == (1.0, None), after
