@@ -23,6 +23,7 @@ import time
 from fleet.spec import FleetError
 
 NAMESPACE = "mixrl"
+HEAD_RESOURCE = "node:__internal_head__"  # Ray's resource of the head node only
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -168,11 +169,13 @@ def up(args) -> int:
         ray.get(ctrl.apply.remote(groups, plan, args.autoscale), timeout=60)
         print(f"mixrl-fleet: fleet {name} re-targeted: {', '.join(f'{s.name}={s.replicas}' for s in specs)}")
     else:
+        # On the head node (Ray's `node:__internal_head__` resource): with num_cpus=0 alone Ray
+        # may put it on any node, and the loss of that node would take the whole fleet with it.
         ctrl = ray.remote(Controller).options(
             name=name, namespace=NAMESPACE, lifetime="detached", num_cpus=0, max_concurrency=8,
-            max_restarts=0).remote(name, args.trainer, token, groups, plan=plan, autoscale=args.autoscale,
-                                   transfer=args.weights_transfer, python=python(),
-                                   autoscale_every_s=args.autoscale_every_s)
+            resources={HEAD_RESOURCE: 0.001}, max_restarts=0).remote(
+                name, args.trainer, token, groups, plan=plan, autoscale=args.autoscale,
+                transfer=args.weights_transfer, python=python(), autoscale_every_s=args.autoscale_every_s)
         ray.get(ctrl.ping.remote(), timeout=60)
     deadline = time.monotonic() + args.wait_s
     st = ray.get(ctrl.status.remote(), timeout=60)

@@ -241,7 +241,13 @@ def test_fleet_on_a_local_ray_cluster(cluster, tmp_path):
             and avail.get("CPU") == 1.5, avail
         a100 = next(r for r in controller_status()["replicas"] if r["name"] == "a100-0")
         node_b = next(n["NodeID"] for n in ray.nodes() if n["Alive"] and n["Resources"].get("A100"))
-        assert a100["node"] == node_b and a100["pid"] in {p.pid for p in _node_procs(nodes[0][1])}, a100
+        on_b = {p.pid for p in _node_procs(nodes[0][1])}
+        assert a100["node"] == node_b and a100["pid"] in on_b, a100
+        # the controller is on the head (with num_cpus=0 alone Ray may put it on node B, whose loss
+        # below would then take the whole fleet)
+        ctrl = [p.pid for p in psutil.process_iter(["cmdline"])
+                if "ray::Controller" in " ".join(p.info["cmdline"] or [])]
+        assert len(ctrl) == 1 and ctrl[0] not in on_b, (ctrl, on_b)
 
         # kill the h100 replica's actor process (its sampler goes with it; a new replica replaces
         # it) and, meanwhile, scale b200 from 1 to 3 replicas with a plan applied to the fleet
