@@ -157,6 +157,15 @@ def claim_growth(grid: Grid) -> Claim:
     return Claim(2, title, NOT_REPRODUCED, text)
 
 
+def _grew_text(r: RunResult) -> str:
+    """A corrected run that fails claim 3, with the slope that fails it (before its collapse, or
+    over the run)."""
+    text = f"{r.pool}/{r.condition}/seed{r.seed} slope {r.trend.slope:+.3f}/step over the run ({r.trend.label})"
+    if r.collapsed:
+        text += f", {_before(r).slope:+.3f}/step before its collapse ({_before(r).label})"
+    return f"{text}, {collapse_summary([r])}"
+
+
 def claim_bounded(grid: Grid) -> Claim:
     title = "SC + MIS (+ top-p replay) keeps the mismatch bounded"
     corr = [r for r in grid.ok if r.condition in CORRECTED and r.trend.n]
@@ -171,7 +180,7 @@ def claim_bounded(grid: Grid) -> Claim:
     grpo_grew = sum(r.trend.label == "growth" for r in grpo)
     text = (
         f"corrected runs with k3 growth (over the run, or before a collapse): {len(grew)}/{len(corr)}"
-        + (f" ({', '.join(f'{r.pool}/{r.condition}/seed{r.seed} slope {r.trend.slope:+.3f}/step ({r.trend.label}), {collapse_summary([r])}' for r in grew)})" if grew else "")
+        + (f" ({', '.join(_grew_text(r) for r in grew)})" if grew else "")
         + (f"; corrected runs that collapsed with k3 bounded or shrinking (not counted: the mismatch stayed bounded): {len(fell)}/{len(corr)} "
            f"({', '.join(f'{r.pool}/{r.condition}/seed{r.seed} slope before collapse {_before(r).slope:+.3f}/step ({_before(r).label}), {collapse_summary([r])}' for r in fell)})"
            if fell else "")
