@@ -225,9 +225,10 @@ def test_fleet_on_a_local_ray_cluster(cluster, tmp_path):
 
     phases, t0 = [], time.monotonic()
     try:
-        _joined(nodes[0][0])
+        # `up` waits for every replica's placement, a100-0's until the A100 node has joined
         up = _fleet("up", "--config", str(config), "--trainer", address, "--address", cluster,
                     "--weights-transfer", "fetch")
+        _joined(nodes[0][0])
         assert up.returncode == 0, up.stdout + up.stderr
         assert "fleet fleet-test -> trainer" in up.stdout
         phases.append(("up placed", time.monotonic() - t0))
