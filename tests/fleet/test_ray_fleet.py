@@ -90,11 +90,13 @@ def _join_node(address: str, resources: dict) -> tuple[subprocess.Popen, str]:
     """Start `ray start` of a worker node joining ``address`` on this machine (1 CPU, ``resources``,
     a temp dir of its own, by which `_kill_node` finds its processes); returns at once with the
     command and that dir. Ray 2.60 runs two nodes on one host with default ports (each raylet
-    picks its own)."""
+    picks its own); the workers get a port range apart from the head's (10002-19999), so that the
+    two raylets never hand out the same one."""
     temp = tempfile.mkdtemp(prefix="mxnode", dir="/tmp")
     cmd = [str(BIN / "ray"), "start", "--address", address, "--node-ip-address", "127.0.0.1",
            "--num-cpus", "1", "--object-store-memory", "100000000", "--resources", json.dumps(resources),
-           "--disable-usage-stats", "--temp-dir", temp]
+           "--min-worker-port", "20002", "--max-worker-port", "20999", "--disable-usage-stats",
+           "--temp-dir", temp]
     return subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True), temp
 
 
@@ -199,8 +201,6 @@ def test_fleet_on_a_local_ray_cluster(cluster, tmp_path):
         ]}
     config = tmp_path / "fleet.yaml"
     config.write_text(yaml.safe_dump(tree))
-    # the cluster's only A100: a second node on this machine, joining while the service starts
-    nodes = [_join_node(cluster, {"A100": 1})]
     cfg = load_config(config)
     svc = RolloutService.from_config(cfg, token=TOKEN).start()
     svc.publish_version(0, publish(tiny_char_model(tmp_path / "init"), None, tmp_path / "pub", 0, ["bf16"]))
@@ -223,6 +223,8 @@ def test_fleet_on_a_local_ray_cluster(cluster, tmp_path):
     def controller_status() -> dict:
         return ray.get(ray.get_actor("fleet-test", namespace="mixrl").status.remote(), timeout=60)
 
+    # the cluster's only A100: a second node on this machine, joining while `up` starts the fleet
+    nodes = [_join_node(cluster, {"A100": 1})]
     phases, t0 = [], time.monotonic()
     try:
         # `up` waits for every replica's placement, a100-0's until the A100 node has joined
