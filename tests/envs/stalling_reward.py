@@ -14,6 +14,7 @@ import time
 
 
 def _stall(trigger: str) -> None:
+    sleep_holding_the_gil = ctypes.PyDLL(None).sleep  # bound first: from the marker on, one call
     while True:
         try:
             os.unlink(trigger)  # claim it: one worker stalls, its replacement does not
@@ -22,7 +23,7 @@ def _stall(trigger: str) -> None:
             continue
         with open(trigger + ".stalled", "w"):
             pass
-        ctypes.PyDLL(None).sleep(3600)
+        sleep_holding_the_gil(3600)
 
 
 if os.environ.get("STALL_TRIGGER"):
