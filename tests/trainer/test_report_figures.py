@@ -5,6 +5,7 @@ running, and the archive of a sweep's small outputs the document is regenerated 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -147,3 +148,15 @@ def test_k3_slope_is_fitted_within_groups():
     assert t.n == 24 and math.isclose(t.slope, 0.05, rel_tol=1e-9) and t.label == "growth"
     overall = k3_trend([{"step": r["step"], "k3": r["k3"]} for r in recs])
     assert overall.slope < 0  # bf16 alone serves the last steps: the plain fit reads shrinking
+
+
+def test_phase_summary_names_the_cells_that_left_bounded():
+    from trainer_jax.report.figures import phase_summary
+
+    grow = math.log(3) / (N - 1)
+    runs = [_result(collapse=5), _result(seed=1), _result(rate=grow, seed=0)]
+    runs[2].pool, runs[2].condition = "sigma1.0", "sc_mis"
+    runs += [dataclasses.replace(runs[2], condition="grpo", trend=_result().trend)]
+    text = phase_summary(runs, {"grpo": "GRPO", "sc_mis": "SC + MIS"})
+    assert text == "collapsed: GRPO / mixed (C B); growth: SC + MIS / sigma1.0 (G); bounded: the other 1 of 3 cells"
+    assert phase_summary([], {}) == ""

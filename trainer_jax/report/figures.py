@@ -50,6 +50,24 @@ def cell_phase(runs: list[RunResult]) -> str:
     return BOUNDED
 
 
+def phase_summary(results: list[RunResult], labels: dict[str, str]) -> str:
+    """The phase diagram in one sentence: which cells collapsed or grew (with their seeds' letters),
+    the count of bounded ones; "" without finished runs."""
+    pools, conds = dial_order(results), list(dict.fromkeys(r.condition for r in results))
+    cells = {(p, c): [r for r in results if r.pool == p and r.condition == c] for p in pools for c in conds}
+    phase = {k: cell_phase(rs) for k, rs in cells.items() if rs}
+    if not phase:
+        return ""
+    parts = []
+    for name in (COLLAPSED, GROWTH):
+        hits = [f"{labels.get(c, c)} / {p} ({' '.join(LETTER[run_phase(r)] for r in cells[(p, c)])})"
+                for (p, c), ph in phase.items() if ph == name]
+        if hits:
+            parts.append(f"{name}: {', '.join(hits)}")
+    bounded = sum(ph == BOUNDED for ph in phase.values())
+    return "; ".join(parts + [f"bounded: the other {bounded} of {len(phase)} cells"])
+
+
 def dial_order(results: list[RunResult]) -> list[str]:
     """Pools as the dial's positions: by logit-noise sigma where set, else by the pool's mean
     starting k3 (the mismatch before the policy moves); pools without sigma come first (sigma 0)."""

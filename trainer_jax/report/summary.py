@@ -29,6 +29,7 @@ from pathlib import Path
 from trainer_jax.report.figures import (
     cell_phase,
     dial_order,
+    phase_summary,
     plot_growth_fit,
     plot_oor_vs_tokens,
     plot_pass_at_1,
@@ -339,13 +340,16 @@ def readme_results(sweeps: list[SweepRuns], grid: Grid, doc: Path, readme: Path,
         seeds = sorted({r.seed for r in ok})
         parts.append(f"{s.name}: {len(ok)}/{len(s.planned) or len(s.results)} cells (seed {', '.join(map(str, seeds)) or '–'}), "
                      f"{'/'.join(map(str, steps)) or '–'} RL steps")
+    phase = phase_summary(grid.ok, grid.labels)
     claims = "; ".join(f"({c.number}) {c.title.split(' (seed')[0]}: **{c.verdict}**"
                        + (" (weak evidence)" if "Weak evidence" in c.text else "") for c in verdicts(grid))
     return (
         f"[`{_rel(doc, readme)}`]({_rel(doc, readme)}) (generated from the run directories by "
         "`python -m trainer_jax.report.summary`): the seed's experiments in sync mode (staleness 0) on the long "
         f"`chain` task — {'; '.join(parts)}; {total / 60:.0f} min of cell time on 2 shared cores in all. "
-        f"The seed's claims: {claims}. The numbers behind each verdict, the figures (phase diagram, k3 growth, "
+        f"The seed's claims: {claims}. "
+        + (f"Phase diagram over the pools (the mismatch dial) × condition, per seed C / G / B: {phase}. " if phase else "")
+        + "The numbers behind each verdict, the figures (phase diagram, k3 growth, "
         "held-out pass@1, claim 4 per policy token) and what was cut are in the document"
         + (("; earlier: " + "; ".join(f"[{t.split(':')[0]}]({_rel(doc.parent / u, readme)})" for t, u in links) + ".")
            if links else ".")
