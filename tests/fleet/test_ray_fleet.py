@@ -161,12 +161,25 @@ def _wait(cond, timeout: float, what: str, logs=lambda: ""):
     raise AssertionError(f"timed out waiting for {what}\n{logs()}")
 
 
-def _gone(pid: int) -> bool:
-    """Exited (a zombie nobody reaped yet counts: where PID 1 does not reap, it stays one)."""
+def _gone(pid: int, born: float | None = None) -> bool:
+    """Exited (a zombie nobody reaped yet counts: where PID 1 does not reap, it stays one; so does a
+    pid reused by a process created after ``born``)."""
     try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        p = psutil.Process(pid)
+        return p.status() == psutil.STATUS_ZOMBIE or (born is not None and p.create_time() != born)
     except psutil.NoSuchProcess:
         return True
+
+
+def _describe(pid: int) -> str:
+    """What a process that should be gone is doing (for a timeout's message)."""
+    try:
+        p = psutil.Process(pid)
+        with p.oneshot():
+            return (f"pid {pid}: {p.status()}, parent {p.ppid()}, threads {p.num_threads()}, "
+                    f"cpu {p.cpu_times()}, cmdline {' '.join(p.cmdline())[:300]}")
+    except psutil.Error as e:
+        return f"pid {pid}: {e!r}"
 
 
 def _ours(address: str) -> list[psutil.Process]:
@@ -255,6 +268,7 @@ def test_fleet_on_a_local_ray_cluster(cluster, tmp_path):
         # kill the h100 replica's actor process (its sampler goes with it; a new replica replaces
         # it) and, meanwhile, scale b200 from 1 to 3 replicas with a plan applied to the fleet
         victim = next(r for r in controller_status()["replicas"] if r["name"] == "h100-0")
+        born = psutil.Process(victim["sampler_pid"]).create_time()  # a reused pid is another process
         os.kill(victim["pid"], signal.SIGKILL)
         plan = tmp_path / "plan.yaml"
         plan.write_text(yaml.safe_dump({"groups": [
@@ -267,7 +281,10 @@ def test_fleet_on_a_local_ray_cluster(cluster, tmp_path):
         # declares it dead, a100-0 is a dead actor; its replacement fits nowhere and waits
         killed = _kill_node(nodes[0][1])
         assert a100["pid"] in killed and a100["sampler_pid"] in killed, (a100, killed)
-        _wait(lambda: _gone(victim["sampler_pid"]), 30, "the victim's sampler to go with its actor")
+        # (its watchdog SIGKILLs it ~10 s after the parent's death at the latest; the bound leaves
+        # room for a loaded machine, and a timeout says what the process was doing)
+        _wait(lambda: _gone(victim["sampler_pid"], born), 60, "the victim's sampler to go with its actor",
+              lambda: _describe(victim["sampler_pid"]))
 
         def waiting_a100() -> dict | None:
             st = controller_status()
