@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from procs import proc_state
 
 from trainer_jax.cost import CostLedger, LedgerStateError, StepCounts, ledger_from_checkpoint
 
@@ -36,13 +37,6 @@ train: {prompts_per_step: 2, publish_every: 1, checkpoint_every: 2, eval_every: 
 """
 
 
-def _state(pid: int) -> str | None:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return None
-
-
 def _records(path: Path) -> list[dict]:
     return [r for r in map(json.loads, path.read_text().splitlines()) if "loss" in r]
 
@@ -59,7 +53,7 @@ def test_resumed_run_continues_the_checkpointed_ledger(tmp_path):
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 300
-        while not (marker.exists() and _state(first.pid) == "T"):
+        while not (marker.exists() and proc_state(first.pid) == "T"):
             assert first.poll() is None, f"the first run exited with {first.returncode}"
             assert time.monotonic() < deadline, "the first run never reached step 4"
             time.sleep(0.05)

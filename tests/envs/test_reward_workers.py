@@ -12,6 +12,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from procs import proc_state
 
 from envs.rewards import RewardPool
 from trainer_jax.service.tasks import RewardLedger
@@ -37,11 +38,7 @@ def _score(pool, **task):
 
 
 def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rpartition(")")[2].split()[0] != "Z"
-    except OSError:
-        return False
+    return proc_state(pid) not in (None, "Z")
 
 
 def _wait_dead(pids: list[int], within_s: float = 5.0) -> list[int]:

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 import pytest
+from procs import proc_state
 
 from convert.publish import latest_version, list_versions
 from convert.verify import VerifyReport, verify_version
@@ -122,7 +123,7 @@ class Trainer:
         self._wait_marker(self.marker, "fault point", timeout)
         # The marker is written just before the SIGSTOP the process sends itself: allow it to land.
         deadline = time.monotonic() + 10
-        while _state(self.proc.pid) != "T":
+        while proc_state(self.proc.pid) != "T":
             assert time.monotonic() < deadline, "the trainer should be stopped at its fault point"
             time.sleep(0.01)
 
@@ -155,14 +156,6 @@ class Trainer:
         return next(t for t, line in self.lines if re.search(pattern, line))
 
 
-def _state(pid: int) -> str | None:
-    """The /proc state letter of ``pid`` (``None`` once it is gone)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return None
-
-
 def _spawned_by(trainer_pid: int) -> list[int]:
     """The samplers a trainer started (their command line names it with --exit-with-parent)."""
     pids = []
@@ -180,7 +173,7 @@ def _spawned_by(trainer_pid: int) -> list[int]:
 
 def _wait_gone(pids: list[int], since: float, timeout: float = 60) -> float:
     """Seconds from ``since`` until every pid exited (zombies count as exited)."""
-    while any(_state(p) not in (None, "Z") for p in pids):
+    while any(proc_state(p) not in (None, "Z") for p in pids):
         assert time.monotonic() - since < timeout, f"still alive {timeout}s after the kill: {pids}"
         time.sleep(0.05)
     return time.monotonic() - since
@@ -413,7 +406,7 @@ def test_spawned_child_exits_when_its_parent_is_killed(pdeathsig, ignore_term, w
     try:
         child = int(parent.stdout.readline())
         assert parent.stdout.readline().strip() == "armed"  # the child shares the parent's stdout
-        assert _state(child) not in (None, "Z")
+        assert proc_state(child) not in (None, "Z")
         parent.kill()
         parent.wait(10)
         assert _wait_gone([child], time.monotonic(), within_s) < within_s
