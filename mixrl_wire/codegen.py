@@ -23,6 +23,30 @@ OUT_ROOT = REPO / "mixrl_wire"
 # protoc's import of a sibling generated module, e.g. "from mixrl.v1 import rollout_pb2 as ..."
 _IMPORT = re.compile(r"^from mixrl\.v1 import ", re.MULTILINE)
 _PYI_IMPORT = re.compile(r"^(from|import) mixrl\.v1", re.MULTILINE)
+# Where a generator stamps its own release into what it writes: grpcio-tools' plugin as
+# GRPC_GENERATED_VERSION, protoc as a comment and the runtime-version check's numbers. A newer
+# grpcio-tools than the one that made the checked-in files changes only these, so ``--check``
+# compares the files without them (the runtime checks still hold the checked-in files' floor).
+_STAMPS = (
+    re.compile(r"^(GRPC_GENERATED_VERSION = )'[^']*'", re.MULTILINE),
+    re.compile(r"^(# Protobuf Python Version: ).*$", re.MULTILINE),
+    re.compile(r"(ValidateProtobufRuntimeVersion\(\s*_runtime_version\.Domain\.PUBLIC,)\s*\d+,\s*\d+,"
+               r"\s*\d+,\s*'[^']*',"),
+)
+_VERSION = re.compile(r"^GRPC_GENERATED_VERSION = '([^']*)'|^# Protobuf Python Version: (.*)$", re.MULTILINE)
+
+
+def unstamped(text: str) -> str:
+    """``text`` with the generators' version stamps replaced by a placeholder."""
+    for stamp in _STAMPS:
+        text = stamp.sub(lambda m: m.group(1) + "<version>", text)
+    return text
+
+
+def stamp_of(text: str) -> str:
+    """The generator release a generated file names (grpc or protobuf), or ``unknown``."""
+    m = _VERSION.search(text)
+    return next((g for g in m.groups() if g), "unknown") if m else "unknown"
 
 
 def proto_files() -> list[Path]:
@@ -54,6 +78,23 @@ def generate(out_dir: Path) -> list[Path]:
     return written
 
 
+def stale(out_root: Path = OUT_ROOT) -> list[str]:
+    """The generated files under ``out_root`` that differ from what protoc makes of ``proto/`` now,
+    version stamps aside, each named with the generator releases of both sides."""
+    problems = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for path in generate(Path(tmp)):
+            current = out_root / path.relative_to(tmp)
+            fresh = path.read_text()
+            old = current.read_text() if current.exists() else None
+            if old is None:
+                problems.append(f"{current.name} (missing)")
+            elif unstamped(old) != unstamped(fresh):
+                problems.append(f"{current.name} (checked in by generator {stamp_of(old)}, "
+                                f"this one is {stamp_of(fresh)})")
+    return problems
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m mixrl_wire.codegen", description=__doc__.splitlines()[0])
     p.add_argument("--check", action="store_true", help="compare with the checked-in files, write nothing")
@@ -62,15 +103,9 @@ def main(argv: list[str] | None = None) -> int:
         for path in generate(OUT_ROOT):
             print(f"wrote {path.relative_to(REPO)}")
         return 0
-    with tempfile.TemporaryDirectory() as tmp:
-        stale = []
-        for path in generate(Path(tmp)):
-            current = OUT_ROOT / path.relative_to(tmp)
-            if not current.exists() or current.read_text() != path.read_text():
-                stale.append(str(current.relative_to(REPO)))
-        if stale:
-            print("stale generated files (run python -m mixrl_wire.codegen): " + ", ".join(stale))
-            return 1
+    if problems := stale():
+        print("stale generated files (run python -m mixrl_wire.codegen): " + "; ".join(problems))
+        return 1
     print("generated files are up to date")
     return 0
 
