@@ -15,7 +15,10 @@ interrupted sweep continues where it stopped.
 
 With ``warm_start: true`` the supervised warm start runs once per seed (``mixrl-train sft``) and
 every cell of that seed starts RL from the same weights: the comparison is then between objectives
-and pools from an identical policy, and the SFT cost is paid once instead of once per cell.
+and pools from an identical policy, and the SFT cost is paid once instead of once per cell. With
+``warm_start: shared`` it runs once for the whole grid (with ``run.seed`` = ``warm_start_seed``,
+default 0) and every cell of every seed starts from it: seeds then vary only the RL part (sampling,
+batching, initial routing), so seed-to-seed spread is RL's own, not the warm start's.
 """
 
 from __future__ import annotations
@@ -76,6 +79,8 @@ class SweepSpec:
     seeds: list[int]
     overrides: list[str]
     warm_start: bool = True
+    #: with ``warm_start: shared``, the one warm start's seed (None: one warm start per seed)
+    warm_start_seed: int | None = None
     save_trajectories: int = 0
     cell_timeout_s: float = 3600.0
     out: Path = Path("runs/ablation")
@@ -135,6 +140,7 @@ def load_sweep(path: str | os.PathLike) -> SweepSpec:
         "seeds",
         "overrides",
         "warm_start",
+        "warm_start_seed",
         "save_trajectories",
         "cell_timeout_s",
         "out",
@@ -179,6 +185,7 @@ def load_sweep(path: str | os.PathLike) -> SweepSpec:
         seeds=[int(s) for s in tree.get("seeds", [0])],
         overrides=[str(o) for o in tree.get("overrides", [])],
         warm_start=bool(tree.get("warm_start", True)),
+        warm_start_seed=_warm_start_seed(tree, path),
         save_trajectories=int(tree.get("save_trajectories", 0)),
         cell_timeout_s=float(tree.get("cell_timeout_s", 3600.0)),
         out=Path(tree.get("out", "runs/ablation")),
@@ -198,11 +205,33 @@ def load_sweep(path: str | os.PathLike) -> SweepSpec:
     return spec
 
 
+def _warm_start_seed(tree: dict, path: Path) -> int | None:
+    """``warm_start: shared``'s seed (``warm_start_seed``, default 0), or None for one per seed."""
+    mode, seed = tree.get("warm_start", True), tree.get("warm_start_seed")
+    if mode == "shared":
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise SweepError(f"{path}: warm_start_seed must be an integer, got {seed!r}")
+        return 0 if seed is None else seed
+    if not isinstance(mode, bool):
+        raise SweepError(f"{path}: warm_start must be true, false or 'shared', got {mode!r}")
+    if seed is not None:
+        raise SweepError(f"{path}: warm_start_seed goes with warm_start: shared")
+    return None
+
+
+def warm_start_seeds(spec: SweepSpec) -> list[int]:
+    """The seeds whose warm start the grid needs: none, each seed's, or the one shared seed."""
+    if not spec.warm_start:
+        return []
+    return [spec.warm_start_seed] if spec.warm_start_seed is not None else list(spec.seeds)
+
+
 def cells(spec: SweepSpec, out: Path) -> list[Cell]:
     """Every (pool, condition, seed) cell of ``spec`` with its command-line overrides."""
     result = []
     for seed in spec.seeds:
-        warm = [f"model.hf_dir={warm_start_dir(out, seed)}", "sft.steps=0"] if spec.warm_start else []
+        warm_seed = seed if spec.warm_start_seed is None else spec.warm_start_seed
+        warm = [f"model.hf_dir={warm_start_dir(out, warm_seed)}", "sft.steps=0"] if spec.warm_start else []
         for pool, cfg in spec.pools.items():
             for cond in spec.conditions.values():
                 overrides = (
@@ -306,7 +335,7 @@ def run_sweep(
     out_dir = Path(out or spec.out).absolute()
     out_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    warm = [run_warm_start(spec, out_dir, seed, log) for seed in spec.seeds] if spec.warm_start else []
+    warm = [run_warm_start(spec, out_dir, seed, log) for seed in warm_start_seeds(spec)]
     records = []
     grid = cells(spec, out_dir)
     for n, cell in enumerate(grid, 1):
@@ -357,4 +386,5 @@ def run_sweep(
     return manifest
 
 
-__all__ = ["Cell", "Condition", "SweepError", "SweepSpec", "cells", "load_sweep", "run_cell", "run_sweep"]
+__all__ = ["Cell", "Condition", "SweepError", "SweepSpec", "cells", "load_sweep", "run_cell", "run_sweep",
+           "warm_start_seeds"]

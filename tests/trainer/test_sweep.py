@@ -89,6 +89,37 @@ def test_bad_sweep_file_fails_up_front(tmp_path):
         load_sweep(bad)
 
 
+def test_shared_warm_start_is_one_for_every_seed(tmp_path):
+    from trainer_jax.sweep import SweepError, cells, warm_start_seeds
+
+    base = (f"pools: {{mixed: {ROOT / 'configs/local_mixed.yaml'}}}\n"
+            "conditions: {grpo: [objective.is_mode=none], mis: [objective.is_mode=mis]}\nseeds: [0, 1, 2]\n")
+    f = tmp_path / "s.yaml"
+    f.write_text(base + "warm_start: shared\nwarm_start_seed: 7\n")
+    spec = load_sweep(f)
+    assert warm_start_seeds(spec) == [7]
+    grid = cells(spec, tmp_path / "out")
+    assert len(grid) == 6 and {c.seed for c in grid} == {0, 1, 2}
+    warm = {o for c in grid for o in c.overrides if o.startswith("model.hf_dir=")}
+    assert warm == {f"model.hf_dir={tmp_path / 'out' / 'warm_start' / 'seed7'}"}
+    assert all(f"run.seed={c.seed}" in c.overrides for c in grid)  # seeds still vary the RL part
+    f.write_text(base + "warm_start: shared\n")
+    assert warm_start_seeds(load_sweep(f)) == [0]
+    f.write_text(base)  # the default: one warm start per seed
+    spec = load_sweep(f)
+    assert warm_start_seeds(spec) == [0, 1, 2]
+    assert {o for c in cells(spec, tmp_path) for o in c.overrides if o.startswith("model.hf_dir=")} == {
+        f"model.hf_dir={tmp_path / 'warm_start' / f'seed{s}'}" for s in (0, 1, 2)}
+    f.write_text(base + "warm_start: false\n")
+    assert warm_start_seeds(load_sweep(f)) == []
+    for bad, message in (("warm_start: sometimes\n", "true, false or 'shared'"),
+                         ("warm_start: true\nwarm_start_seed: 1\n", "goes with warm_start: shared"),
+                         ("warm_start: shared\nwarm_start_seed: one\n", "must be an integer")):
+        f.write_text(base + bad)
+        with pytest.raises(SweepError, match=message):
+            load_sweep(f)
+
+
 def test_failed_cell_is_recorded_not_fatal(tmp_path):
     # A long directory name: the error must still be one line naming the file (not wrapped).
     cell = Cell("mixed", "grpo", 0, tmp_path / ("d" * 90) / "missing.yaml", ("run.steps=1",),
