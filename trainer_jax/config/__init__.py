@@ -13,11 +13,12 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import Field, ValidationError, model_validator
 
+from trainer_jax.config.base import ConfigError
 from trainer_jax.config.base import Strict as _Strict
 from trainer_jax.config.learning import ModelConfig, ObjectiveConfig, OptimizerConfig, SFTConfig
+from trainer_jax.config.overrides import apply_override
 from trainer_jax.config.parallel import DistributedConfig, MeshConfig
 from trainer_jax.config.run import MixEntry, RunSection, SamplerGroupConfig, TasksConfig, TrainConfig
 from trainer_jax.config.service import (
@@ -28,6 +29,7 @@ from trainer_jax.config.service import (
     ServiceLimitsConfig,
     TLSConfig,
 )
+from trainer_jax.config.yaml_safe import YamlError, read_yaml, short
 
 
 class WandbConfig(_Strict):
@@ -108,6 +110,18 @@ class RunConfig(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _spawned_samplers_capped(self) -> RunConfig:
+        spawned = {g.name: g.processes for g in self.groups if g.spawn and g.processes}
+        total, cap = sum(spawned.values()), self.train.max_spawned_samplers
+        if total > cap:
+            most = sorted(spawned.items(), key=lambda x: -x[1])
+            each = ", ".join(f"{short(n, 40)}: {k}" for n, k in most[:4]) + (", ..." if len(most) > 4 else "")
+            raise ValueError(f"groups: {total:,} sampler processes to spawn on this host ({each}) is over "
+                             f"train.max_spawned_samplers {cap}; lower the groups' processes, or raise "
+                             f"train.max_spawned_samplers if this host can run them")
+        return self
+
+    @model_validator(mode="after")
     def _warm_start_has_demonstrations(self) -> RunConfig:
         if self.sft.steps > 0 and any(m.env == "dataset" for m in self.tasks.mix_entries()):
             raise ValueError("sft.steps: dataset tasks have no demonstrations to warm-start on "
@@ -168,44 +182,19 @@ class RunConfig(_Strict):
         return list(dict.fromkeys(["bf16", *(g.weight_format for g in self.groups)]))
 
 
-class ConfigError(ValueError):
-    """A config file or override is malformed; the message names the key."""
-
-
-def apply_override(tree: dict[str, Any], override: str) -> None:
-    """Apply ``a.b.c=value`` to a nested dict; ``value`` is parsed as YAML (``3``, ``true``, ``[1]``)."""
-    if "=" not in override:
-        raise ConfigError(f"override {override!r} is not of the form key=value")
-    key, raw = override.split("=", 1)
-    parts = key.strip().split(".")
-    if not all(parts):
-        raise ConfigError(f"override {override!r} has an empty key part")
-    node = tree
-    for part in parts[:-1]:
-        child = node.setdefault(part, {})
-        if not isinstance(child, dict):
-            raise ConfigError(f"override {override!r}: {part!r} is not a section")
-        node = child
-    try:
-        node[parts[-1]] = yaml.safe_load(raw)
-    except yaml.YAMLError as e:
-        raise ConfigError(f"override {override!r}: value is not valid YAML ({e})") from None
-
-
 def read_prices(path: str | os.PathLike) -> dict[str, float]:
     """A price table file (YAML or JSON): a mapping accelerator -> USD per replica-hour."""
     p = Path(path)
     try:
-        table = yaml.safe_load(p.read_text())
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"--prices {p}: cannot be read ({e})") from None
-    except yaml.YAMLError as e:
-        raise ConfigError(f"--prices {p}: not valid YAML or JSON ({' '.join(str(e).split())})") from None
+        table = read_yaml(p, f"--prices {p}")
+    except YamlError as e:
+        raise ConfigError(str(e)) from None
     if not isinstance(table, dict) or not table:
         raise ConfigError(f"--prices {p}: must be a non-empty mapping accelerator: USD per hour")
     for key, usd in table.items():
         if isinstance(usd, bool) or not isinstance(usd, (int, float)) or not 0 <= usd < float("inf"):
-            raise ConfigError(f"--prices {p}: {key}: must be a number of USD per hour >= 0, got {usd!r}")
+            raise ConfigError(f"--prices {p}: {str(key)[:60]}: must be a number of USD per hour >= 0, "
+                              f"got {short(usd)}")
     return {str(k): float(v) for k, v in table.items()}
 
 
@@ -216,18 +205,20 @@ def load_config(path: str | os.PathLike | None, overrides: list[str] | tuple[str
     tree: dict[str, Any] = {}
     if path is not None:
         p = Path(path)
-        if not p.exists():
-            raise ConfigError(f"config file {p} does not exist")
-        try:
-            tree = yaml.safe_load(p.read_text()) or {}
-        except yaml.YAMLError as e:
-            raise ConfigError(f"{p} is not valid YAML ({' '.join(str(e).split())})") from None
-        except (OSError, UnicodeDecodeError) as e:  # a directory, unreadable, not text
-            raise ConfigError(f"config file {p} cannot be read: {e}") from None
+        try:  # bounded, a regular file, no alias bomb (trainer_jax.config.yaml_safe)
+            tree = read_yaml(p, f"config file {p}")
+        except YamlError as e:
+            raise ConfigError(str(e)) from None
+        if tree is None:
+            tree = {}
         if not isinstance(tree, dict):
-            raise ConfigError(f"{p}: top level must be a mapping")
+            raise ConfigError(f"config file {p}: top level must be a mapping of sections, got a "
+                              f"{type(tree).__name__}")
+    # groups[NAME].key=... on a config that keeps the default groups picks among those
+    defaults = {"groups": [g.model_dump(exclude_unset=True)
+                           for g in RunConfig.model_fields["groups"].default_factory()]}
     for override in overrides:
-        apply_override(tree, override)
+        apply_override(tree, override, defaults)
     if prices is not None:
         table = read_prices(prices)
         if not isinstance(tree.get("prices", {}), dict):
@@ -238,7 +229,7 @@ def load_config(path: str | os.PathLike | None, overrides: list[str] | tuple[str
     except ValidationError as e:
         raise ConfigError(f"invalid config{f' {path}' if path else ''}: {describe(e)}") from None
     except (ValueError, TypeError, OSError) as e:  # raised past pydantic by a validator's helper
-        raise ConfigError(f"invalid config{f' {path}' if path else ''}: {' '.join(str(e).split())}") \
+        raise ConfigError(f"invalid config{f' {path}' if path else ''}: {' '.join(str(e).split())[:2000]}") \
             from None
 
 
@@ -251,7 +242,7 @@ def describe(e: ValidationError) -> str:
         if err["type"] in ("bool_type", "bool_parsing"):
             msg = "must be true or false"
         if err["type"].endswith(("_type", "_parsing", "literal_error", "enum")) and "input" in err:
-            msg += f", got {err['input']!r}"[:100]
+            msg += f", got {short(err['input'])}"  # short: never the repr of a huge value
         loc = ".".join(str(x) for x in err["loc"])
         problems.append(f"{loc}: {msg}" if loc else msg)  # a whole-config check names its keys
     return " ".join("; ".join(problems).split())

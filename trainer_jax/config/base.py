@@ -4,6 +4,12 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
+from trainer_jax.config.yaml_safe import short
+
+
+class ConfigError(ValueError):
+    """A config file or override is malformed; the message names the key."""
+
 
 class Strict(BaseModel):
     """A config section: a typo must not silently fall back to a default, so extra keys fail."""
@@ -14,5 +20,5 @@ class Strict(BaseModel):
 def one_of(value: str, known, what: str) -> str:
     """``value`` if it is in ``known`` (any container of names), else a ValueError listing them."""
     if value not in known:
-        raise ValueError(f"unknown {what} {value!r}; known: {', '.join(known)}")
+        raise ValueError(f"unknown {what} {short(value)}; known: {', '.join(known)}")
     return value

@@ -194,6 +194,10 @@ class TrainConfig(_Strict):
     episode_tokens: int = Field(160, gt=0)  # token budget of a multi-turn episode
     take_timeout_s: float = Field(600.0, gt=0)
     sampler_start_timeout_s: float = Field(180.0, gt=0)
+    # Sampler processes the trainer may start on its host: the sum of the spawned groups'
+    # ``processes`` (a --plan's counts included). A typo (processes: 1000000) is refused at load,
+    # not found after hundreds of processes have started.
+    max_spawned_samplers: int = Field(64, gt=0)
     eval_every: int = Field(10, ge=0)  # 0: only before and after training
     eval_tasks: int = Field(32, ge=0)
     eval_k: int = Field(4, gt=0)
