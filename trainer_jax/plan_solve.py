@@ -20,7 +20,7 @@ import math
 from importlib import resources
 from pathlib import Path
 
-import yaml
+from trainer_jax.config.yaml_safe import YamlError, load_yaml, read_text, short
 
 #: limit name -> (what it bounds, the measurement it is checked against)
 LIMIT_KEYS: dict[str, str] = {
@@ -57,24 +57,22 @@ class Limits:
 def load_limits(path: str | Path | None = None) -> Limits:
     """A limits file (YAML: ``source:`` and ``max_*`` keys); None: the package's default, the
     write-up's figures."""
-    if path is None:
-        text = resources.files("trainer_jax").joinpath(DEFAULT_LIMITS).read_text()
-        where = f"trainer_jax/{DEFAULT_LIMITS} (default)"
-    else:
-        try:
-            text = Path(path).read_text()
-        except (OSError, UnicodeDecodeError) as e:
-            raise PlanError(f"--limits {path}: cannot be read ({e})") from None
-        where = str(path)
-    try:
-        tree = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise PlanError(f"--limits {where}: not valid YAML ({' '.join(str(e).split())})") from None
+    try:  # bounded, a regular file, no alias bomb (trainer_jax.config.yaml_safe)
+        if path is None:
+            where = f"trainer_jax/{DEFAULT_LIMITS} (default)"
+            text = resources.files("trainer_jax").joinpath(DEFAULT_LIMITS).read_text()
+        else:
+            where = str(path)
+            text = read_text(path, f"--limits {where}")
+        tree = load_yaml(text, f"--limits {where}")
+    except YamlError as e:
+        raise PlanError(str(e)) from None
     if not isinstance(tree, dict):
         raise PlanError(f"--limits {where}: must be a mapping of max_* keys with a source: label")
-    unknown = sorted(set(tree) - set(LIMIT_KEYS) - set(INFO_KEYS))
+    unknown = sorted(set(tree) - set(LIMIT_KEYS) - set(INFO_KEYS), key=str)  # keys of any type
     if unknown:
-        raise PlanError(f"--limits {where}: unknown key {unknown[0]!r} (limits: {', '.join(LIMIT_KEYS)})")
+        raise PlanError(f"--limits {where}: unknown key {short(unknown[0], 60)} (limits: "
+                        f"{', '.join(LIMIT_KEYS)})")
     if not isinstance(tree.get("source"), str) or not tree["source"].strip():
         raise PlanError(f"--limits {where}: needs a source: label saying where its figures come from")
     values: dict[str, float | None] = {}
@@ -82,7 +80,7 @@ def load_limits(path: str | Path | None = None) -> Limits:
         v = tree.get(key)
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))
                               or not 0 <= v < math.inf):
-            raise PlanError(f"--limits {where}: {key} must be a number >= 0 or null, got {v!r}")
+            raise PlanError(f"--limits {where}: {key} must be a number >= 0 or null, got {short(v)}")
         values[key] = None if v is None else float(v)
     return Limits(values, " ".join(tree["source"].split()), where,
                   " ".join(str(tree.get("warning") or "").split()))
