@@ -8,6 +8,7 @@ from pydantic import Field, field_validator, model_validator
 
 from trainer_jax.config.base import Strict as _Strict
 from trainer_jax.config.base import one_of
+from trainer_jax.token_file import check_token_file
 
 
 class TLSConfig(_Strict):
@@ -45,6 +46,10 @@ class ServiceLimitsConfig(_Strict):
     max_rejections_per_sampler: int = Field(10_000, gt=0)
     max_trajectory_tokens: int = Field(65_536, gt=0)
     max_concurrent_rpcs: int = Field(512, gt=0)
+    # A reward, reward part or metric whose magnitude is above this (or that is not finite) is
+    # out of range: a reward function's scores 0 as reward/errors/out_of_range, a Submit carrying
+    # one is refused. float32 advantages of a group holding 3e38 come out NaN.
+    max_abs_reward: float = Field(1e6, gt=0, allow_inf_nan=False)
 
 
 class RouterConfig(_Strict):
@@ -124,6 +129,15 @@ class ServiceConfig(_Strict):
     weights_dir: str | None = None
     weights_format: str = "bf16"
     vocab_size: int | None = Field(None, gt=0)  # default: weights' config.json, else the tokenizer
+
+    @field_validator("token_file")
+    @classmethod
+    def _small_regular_file(cls, v: str | None) -> str | None:
+        # stat only: /dev/zero, a FIFO, a directory or a huge file is one line here, before the run
+        # directory is touched; a missing file is fine (mixrl-train writes a new token there).
+        if v is not None:
+            check_token_file(v)
+        return v
 
     @model_validator(mode="after")
     def _listen_and_ttls(self) -> ServiceConfig:

@@ -6,7 +6,8 @@ balancers and ``grpcurl`` work without the secret. The token comes from ``--toke
 ``service.token_file`` or the ``MIXRL_TOKEN`` environment variable; there is no default token.
 ``mixrl-train`` (which starts the service with its learner) uses ``service.token_file``'s token
 when the file exists and otherwise writes a new one there (``ensure_token_file``); without it, a
-fresh token in ``<run>/token``.
+fresh token in ``<run>/token``. A token file is read with a bound (``trainer_jax.token_file``): a
+regular file of at most 4 KiB, never a device, FIFO or directory.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 import grpc
 
 from trainer_jax.config import TLSConfig
+from trainer_jax.token_file import TokenFileError, read_token_text
 
 TOKEN_ENV = "MIXRL_TOKEN"
 EXEMPT_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.v1alpha.ServerReflection/",
@@ -42,9 +44,11 @@ def resolve_token(token_file: str | os.PathLike | None = None, env: dict | None 
     if token_file is not None:
         path = Path(token_file)
         try:
-            token = path.read_text().strip()
-        except OSError as e:
-            raise TokenError(f"token file {path}: {e.strerror}") from None
+            token = read_token_text(path)
+        except TokenFileError as e:
+            raise TokenError(str(e)) from None
+        if token is None:
+            raise TokenError(f"token file {path}: No such file or directory")
         if not token:
             raise TokenError(f"token file {path} is empty")
         return token
@@ -59,12 +63,12 @@ def read_token_file(path: str | os.PathLike) -> str | None:
     the file exists but cannot be read or holds only whitespace: a run must not start with a
     token its samplers cannot match."""
     path = Path(path)
-    if not path.exists():
-        return None
     try:
-        token = path.read_text().strip()
-    except (OSError, UnicodeDecodeError) as e:
-        raise TokenError(f"token file {path}: {getattr(e, 'strerror', None) or e}") from None
+        token = read_token_text(path)
+    except TokenFileError as e:
+        raise TokenError(str(e)) from None
+    if token is None:
+        return None
     if not token:
         raise TokenError(f"token file {path} is empty (delete it to have a new token generated)")
     return token
