@@ -120,6 +120,22 @@ def test_shared_warm_start_is_one_for_every_seed(tmp_path):
             load_sweep(f)
 
 
+def test_learning_rate_pick_is_the_control_under_grpo_at_three_rates():
+    """configs/ablation_decide_lr.yaml (issue 48): cells differ only in the learning rate."""
+    from trainer_jax.sweep import warm_start_seeds
+
+    spec = load_sweep(ROOT / "configs" / "ablation_decide_lr.yaml")
+    assert list(spec.pools) == ["homogeneous"] and spec.seeds == [0, 1] and warm_start_seeds(spec) == [0]
+    rates = {}
+    for name, cond in spec.conditions.items():
+        rest = [o for o in cond.overrides if not o.startswith("optimizer.learning_rate=")]
+        assert rest == ["objective.is_mode=none", "objective.score_centering=false",
+                        "objective.top_p_replay=false"], name
+        rates[name] = float(next(o for o in cond.overrides if o.startswith("optimizer.learning_rate="))
+                            .split("=")[1])
+    assert sorted(rates.values()) == [5e-4, 1e-3, 2e-3]
+
+
 def test_failed_cell_is_recorded_not_fatal(tmp_path):
     # A long directory name: the error must still be one line naming the file (not wrapped).
     cell = Cell("mixed", "grpo", 0, tmp_path / ("d" * 90) / "missing.yaml", ("run.steps=1",),
