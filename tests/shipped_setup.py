@@ -50,6 +50,14 @@ _WORDS = ["Solve the problem. Give the final answer as \\boxed{n}.",
           "The answer is \\boxed{42}. 0 1 2 3 4 5 6 7 8 9 10 100 1000"]
 
 
+def activated(env: dict[str, str]) -> dict[str, str]:
+    """``env`` as ``. .venv/bin/activate`` leaves it for this interpreter's venv: what a user who
+    installed the project runs the launch scripts from (they find Python through $VIRTUAL_ENV)."""
+    import sys
+
+    return {**env, "VIRTUAL_ENV": sys.prefix, "PATH": f"{sys.prefix}/bin:{env.get('PATH', '')}"}
+
+
 def make_tokenizer_dir(path: Path, vocab_size: int = 500) -> Path:
     """A byte-level BPE ``tokenizer.json`` trained here, tests/envs/chat_dir.py's specials and
     ChatML template (Qwen3-like: ``enable_thinking``), and a generation config naming both stops."""

@@ -37,6 +37,7 @@ import pytest
 from shipped_setup import (
     ROOT,
     Claims,
+    activated,
     in_own_network,
     join_network,
     load_test_module,
@@ -124,8 +125,8 @@ def shared(tmp_path_factory):
 
 def _env(devices: int, **extra: str) -> dict[str, str]:
     flags = os.environ.get("XLA_FLAGS", "")
-    return {**os.environ, "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "2", **extra,
-            "XLA_FLAGS": f"{flags} --xla_force_host_platform_device_count={devices}".strip()}
+    return activated({**os.environ, "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "2", **extra,
+                      "XLA_FLAGS": f"{flags} --xla_force_host_platform_device_count={devices}".strip()})
 
 
 def _free_port() -> int:

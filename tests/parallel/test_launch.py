@@ -17,6 +17,7 @@ import jax
 import pytest
 from flax import nnx
 from jax.sharding import AbstractMesh
+from shipped_setup import activated
 
 from convert.qwen3_config import Qwen3Config
 from trainer_jax.config import load_config
@@ -81,8 +82,8 @@ def test_scripts_parse_and_the_tpu_commands(tmp_path):
 def test_gpu_host_script_runs_the_smoke_check_here(tmp_path):
     """The GPU launcher end to end on this CPU: a tiny model on a one-device mesh."""
     out = tmp_path / "report.json"
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "2",
-           "XLA_FLAGS": "--xla_backend_optimization_level=0"}
+    env = activated({**os.environ, "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "2",
+                     "XLA_FLAGS": "--xla_backend_optimization_level=0"})
     proc = subprocess.run(
         [str(ROOT / "scripts/launch_gpu_host.sh"), "--check", "configs/gpu_host.yaml", "model.hf_dir=null",
          "model.dtype=float32", "model.hidden_size=32", "model.intermediate_size=64",
