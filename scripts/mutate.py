@@ -57,7 +57,8 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
                     "tests/trainer/test_mutation_resume.py",
                     "tests/trainer/test_run_dir.py"]),
     "validation": (["trainer_jax/service/validation.py"],
-                   ["tests/service/test_validation.py", "tests/service/test_mutation_validation.py"]),
+                   ["tests/service/test_reward_parts_inf.py",
+                    "tests/service/test_validation.py", "tests/service/test_mutation_validation.py"]),
     "scheduler": (["trainer_jax/service/scheduler.py"],
                   ["tests/service/test_mutation_scheduler.py", "tests/service/test_service.py",
                    "tests/service/test_evaluation_tasks.py"]),
@@ -70,10 +71,12 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
                 ["tests/convert/test_mutation_formats.py", "tests/convert/test_formats.py",
                  "tests/convert/test_numerics.py"]),
     "weights_fetch": (["sampler_torch/weights_fetch.py"],
-                      ["tests/service/test_mutation_weights_fetch.py",
+                      ["tests/sampler/test_weights_fetch_roots.py",
+                       "tests/service/test_mutation_weights_fetch.py",
                        "tests/service/test_weight_deltas.py"]),
     "sampling": (["sampler_torch/engine/sampling.py"],
-                 ["tests/sampler/test_mutation_sampling.py", "tests/sampler/test_engine.py",
+                 ["tests/sampler/test_topp_reference.py",
+                  "tests/sampler/test_mutation_sampling.py", "tests/sampler/test_engine.py",
                   "tests/sampler/test_logit_noise.py::"
                   "test_noise_is_standard_normal_and_a_pure_function_of_seed_counter_and_id"]),
     # test_jail's two-sandbox fork bomb is left out: its cgroup-empty check after a kill races under
@@ -91,9 +94,24 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
                                    "tests/envs/test_code_reward.py", "tests/envs/test_reward_workers.py",
                                    "tests/envs/test_reward_requests.py"]),
     "router": (["trainer_jax/service/router.py"],
-               ["tests/service/test_mutation_router.py", "tests/cost/test_cost_accounting.py",
+               ["tests/service/test_router_limits.py", "tests/service/test_mutation_router.py", "tests/cost/test_cost_accounting.py",
                 "tests/service/test_service.py::test_router_shares_follow_measured_throughput",
                 "tests/service/test_service.py::test_router_quota_limits_a_group_and_status_exports_shares"]),
+    # issue 46: the decision functions named there, each with its reference test first
+    "plan": (["trainer_jax/plan_solve.py", "trainer_jax/plan.py"],
+             ["tests/cost/test_plan_reference.py", "tests/cost/test_plan.py"]),
+    "probes": (["trainer_jax/service/probes.py", "mixrl_wire/probe.py"],
+               ["tests/service/test_probe_judgement.py",
+                "tests/sampler/test_probe.py::test_probe_json_round_trips_and_malformed_files_name_the_problem",
+                "tests/sampler/test_probe.py::test_judge_tells_older_current_undecided_and_above_bound_apart",
+                "tests/sampler/test_probe.py::test_run_bounds_alarm_on_a_jump_over_the_groups_own_baseline_once"]),
+    "fleet": (["fleet/autoscale.py", "fleet/controller.py"],
+              ["tests/fleet/test_autoscale_donor.py", "tests/fleet/test_controller_backoff.py",
+               "tests/fleet/test_autoscale_edges.py", "tests/fleet/test_fleet_parts.py"]),
+    "batch_shape": (["trainer_jax/batch_shape.py"],
+                    ["tests/trainer/test_batch_shape_fit.py", "tests/trainer/test_batch_shape.py"]),
+    "verifiers": (["envs/verifiers_env.py"],
+                  ["tests/envs/test_verifiers_rerender.py", "tests/envs/test_env_verifiers.py"]),
 }
 # Left out of a run of every module: the sandbox's mutants run as root with its jail (one chowned /
 # and /tmp on the machine that ran it): name it, on a throwaway machine (docs/testing.md).
@@ -136,13 +154,19 @@ def check_imports(clone: Path, paths: list[str]) -> None:
         sys.exit(f"mutate: the tests would import {wrong}, not the clone's code in {clone}")
 
 
-def write_config(clone: Path, name: str, timeout: float, *, quiet: bool = False) -> Path:
-    paths, tests = MODULES[name]
+def test_command(clone: Path, name: str, timeout: float, *, quiet: bool = False) -> str:
+    """The pytest command line that runs ``name``'s mapped tests (those in the clone's commit)."""
+    tests = MODULES[name][1]
     missing = [t for t in tests if not (clone / t.split("::")[0]).exists()]
     tests = [t for t in tests if t not in missing]
     if missing and not quiet:
         print(f"mutate {name}: not in this commit, left out: {', '.join(missing)}")
-    command = f"{shlex.quote(PY)} {PYTEST} --timeout={int(timeout)} {' '.join(tests)}"
+    return f"{shlex.quote(PY)} {PYTEST} --timeout={int(timeout)} {' '.join(tests)}"
+
+
+def write_config(clone: Path, name: str, timeout: float, *, quiet: bool = False) -> Path:
+    paths = MODULES[name][0]
+    command = test_command(clone, name, timeout, quiet=quiet)
     cfg = (f'[cosmic-ray]\nmodule-path = {json.dumps(paths)}\ntimeout = {timeout}\nexcluded-modules = []\n'
            f'test-command = {json.dumps(command)}\n\n[cosmic-ray.distributor]\nname = "local"\n')
     path = clone / ".mutate" / f"{name}.toml"
@@ -155,7 +179,11 @@ def baseline(clone: Path, config: Path) -> float:
     """Run the unmutated tests once: they must pass, and their time sets the mutants' timeout."""
     from cosmic_ray.config import load_config
 
-    command = load_config(str(config)).test_command
+    return baseline_command(clone, load_config(str(config)).test_command)
+
+
+def baseline_command(clone: Path, command: str) -> float:
+    """Run ``command`` (the unmutated tests) in the clone: it must pass; returns its seconds."""
     t0 = time.monotonic()
     proc = subprocess.run(["nice", "-n", "19", *shlex.split(command)], cwd=clone, env=test_env(clone),
                           capture_output=True, text=True)
@@ -238,21 +266,27 @@ def _annotation_spans(clone: Path, commit: str, path: str) -> tuple[tuple[tuple[
     return tuple(found)
 
 
+def load_equivalents() -> dict[tuple[str, str, str], list[dict]]:
+    """``EQUIVALENT``'s entries by (file, code, mutant)."""
+    known: dict[tuple[str, str, str], list[dict]] = {}
+    for e in json.loads(EQUIVALENT.read_text()) if EQUIVALENT.exists() else []:
+        known.setdefault((e["file"], e["code"], e["mutant"]), []).append(e)
+    return known
+
+
+def judged(known: dict, path: str, code: str, mutant: str, line: int) -> str | None:
+    """The reason a listed entry gives (an entry with a "line" only for that line: the same
+    code can stand on two lines of a file, one of them tested)."""
+    return next((e["why"] for key in ((path, code, mutant), (path, code, "*"))
+                 for e in known.get(key, ()) if e.get("line", line) == line), None)
+
+
 def report(db: Path, name: str, meta: dict) -> dict:
     from cosmic_ray.work_db import WorkDB, use_db
     from cosmic_ray.work_item import TestOutcome, WorkerOutcome
 
     counts = {"killed": 0, "survived": 0, "equivalent": 0, "timeout": 0, "incompetent": 0, "pending": 0}
-    known: dict[tuple[str, str, str], list[dict]] = {}
-    for e in json.loads(EQUIVALENT.read_text()) if EQUIVALENT.exists() else []:
-        known.setdefault((e["file"], e["code"], e["mutant"]), []).append(e)
-
-    def judged(path: str, code: str, mutant: str, line: int) -> str | None:
-        """The reason a listed entry gives (an entry with a "line" only for that line: the same
-        code can stand on two lines of a file, one of them tested)."""
-        return next((e["why"] for key in ((path, code, mutant), (path, code, "*"))
-                     for e in known.get(key, ()) if e.get("line", line) == line), None)
-
+    known = load_equivalents()
     survivors = []
     with use_db(str(db), WorkDB.Mode.open) as work_db:
         total = work_db.num_work_items
@@ -269,7 +303,7 @@ def report(db: Path, name: str, meta: dict) -> dict:
             elif r.test_outcome == TestOutcome.SURVIVED:
                 line, mutant = _changed_lines(r.diff)
                 path = str(m.module_path)
-                why = judged(path, line, mutant, m.start_pos[0]) or (
+                why = judged(known, path, line, mutant, m.start_pos[0]) or (
                     "inside an annotation, never evaluated (from __future__ import annotations)"
                     if any(lo <= tuple(m.start_pos) < hi for lo, hi in _annotation_spans(
                         db.parent.parent / "clone", meta["commit"], path)) else None)
@@ -325,15 +359,23 @@ def write_report(db: Path, name: str, meta: dict, results: Path, **extra) -> dic
 
 
 def table(results: Path) -> str:
-    """The per-module scores in ``results`` as the markdown table docs/testing.md holds."""
-    rows = ["| module | killed | timeout | survived | equivalent | score | sample (of all) | commit | date |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for path in sorted(results.glob("*.json")):
-        r = json.loads(path.read_text())
-        rows.append(f"| {r['module']} | {r['killed']} | {r['timeout']} | {r['survived']} | "
-                    f"{r.get('equivalent', 0)} | "
-                    f"{r['score']:.0%} | {r['sample_size']} ({r['mutants_total']}), seed {r['seed']} | "
-                    f"{r['commit'][:7]} | {r['date']} |")
+    """The per-module scores in ``results`` as the markdown table docs/testing.md holds: cosmic-ray's
+    operators (``<module>.json``) and the human-style ones (``<module>.human.json``) side by side."""
+    rows = ["| module | operators | killed | timeout | survived | equivalent | score | sample (of all) "
+            "| commit | date |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    names = sorted({p.name.split(".")[0] for p in results.glob("*.json")})
+    for name in names:
+        for kind, path in (("cosmic-ray", results / f"{name}.json"),
+                           ("human", results / f"{name}.human.json")):
+            if not path.exists():
+                rows.append(f"| {name} | {kind} | | | | | not run | | | |")
+                continue
+            r = json.loads(path.read_text())
+            score = "-" if r["score"] is None else f"{r['score']:.0%}"
+            rows.append(f"| {r['module']} | {kind} | {r['killed']} | {r['timeout']} | {r['survived']} | "
+                        f"{r.get('equivalent', 0)} | {score} | "
+                        f"{r['sample_size']} ({r['mutants_total']}), seed {r['seed']} | "
+                        f"{r['commit'][:7]} | {r['date']} |")
     return "\n".join(rows)
 
 
@@ -351,23 +393,35 @@ def main(argv: list[str] | None = None) -> int:
                     help="write the results of the existing sessions again (after editing "
                          f"{EQUIVALENT.name}) without running anything")
     ap.add_argument("--table", action="store_true", help="print the results as a markdown table and exit")
+    ap.add_argument("--operators", choices=("both", "cosmic-ray", "human"), default="both",
+                    help="cosmic-ray's operators, the human-style ones (scripts/mutate_human.py), or both "
+                         "(default), each with its own sample of --sample mutants")
     args = ap.parse_args(argv)
     if args.table:
         print(table(args.results))
         return 0
     if args.report:
+        import mutate_human
+
         for name in args.module or sorted(MODULES):
             db = args.workdir / "sessions" / f"{name}.sqlite"
             if db.exists():
                 write_report(db, name, json.loads(db.with_suffix(".meta.json").read_text()), args.results)
+            mutate_human.report_session(name, args.workdir, args.results)
         return 0
     if args.sample is not None and args.sample <= 0:
         ap.error("--sample must be > 0")
     if args.workdir.resolve().is_relative_to(REPO):
         ap.error(f"--workdir {args.workdir} is inside the repository: mutants would land in the work tree")
     for name in args.module or [m for m in MODULES if m not in LATER]:
-        mutate(name, workdir=args.workdir, results=args.results, sample=args.sample, seed=args.seed,
-               timeout=args.timeout)
+        if args.operators != "human":
+            mutate(name, workdir=args.workdir, results=args.results, sample=args.sample, seed=args.seed,
+                   timeout=args.timeout)
+        if args.operators != "cosmic-ray":
+            import mutate_human
+
+            mutate_human.run_module(name, workdir=args.workdir, results=args.results, sample=args.sample,
+                                    seed=args.seed, timeout=args.timeout)
     return 0
 
 

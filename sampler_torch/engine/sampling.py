@@ -195,6 +195,10 @@ def sample_step(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Te
         width = int(kr.max()) if bool((kr > 0).all()) else vocab
         if width < vocab:
             sl, order = lq.topk(width, dim=-1, sorted=True)
+            # topk orders tied values arbitrarily (it kept ids 2, 3 of four equal logits at
+            # top-k 2): on a tie inside the top width or at its edge, sort stably as the rule says
+            if bool(((sl[:, 1:] == sl[:, :-1]).any()) or ((lq >= sl[:, -1:]).sum(-1) > width).any()):
+                sl, order = (t[:, :width] for t in lq.sort(dim=-1, descending=True, stable=True))
         else:
             sl, order = lq.sort(dim=-1, descending=True, stable=True)
         p = sl.double().exp()
