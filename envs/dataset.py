@@ -1,7 +1,7 @@
 """Tasks from a dataset file: ``env: dataset`` in the task mix.
 
-Options: ``path`` (a local ``.jsonl`` or ``.parquet``, read with the Hugging Face ``datasets``
-library), ``prompt_key`` (a string becomes one user message; a list of ``{role, content}``
+Options: ``path`` (a local ``.jsonl``, or a ``.parquet`` read with pyarrow: no cache is written),
+``prompt_key`` (a string becomes one user message; a list of ``{role, content}``
 messages is used as is), ``answer_key`` (optional), ``system_prompt`` (optional), ``reward`` (a
 built-in name or ``package.module:function``, see ``envs.rewards``), ``reward_timeout_s``,
 ``reward_workers``, ``shuffle_seed``, ``eval_path`` (a held-out file for the periodic
@@ -59,8 +59,9 @@ def check_options(options: dict[str, Any]) -> DatasetOptions:
         path = Path(getattr(opts, key))
         if path.suffix not in SUFFIXES:
             raise ValueError(f"dataset: options.{key} {str(path)!r} is not .jsonl or .parquet")
-        if not path.is_file():
-            raise ValueError(f"dataset: options.{key} {str(path)!r} does not exist")
+        if not path.is_file():  # a FIFO would block the reader, /dev/zero never ends
+            what = "is not a regular file" if path.exists() else "does not exist"
+            raise ValueError(f"dataset: options.{key} {str(path)!r} {what}")
     if opts.reward == "code":  # its sandbox needs a cgroup, or the explicit opt-out
         try:
             check_jail_support(opts.allow_unbounded_memory)
@@ -117,16 +118,13 @@ def _load_rows(path: str, _mtime: int, _size: int, prompt_key: str, answer_key: 
                max_row_bytes: int, skip_bad_rows: bool) -> Rows:
     skipped = 0
     if path.endswith(".parquet"):
-        import datasets
-
-        datasets.disable_progress_bars()
-        table = datasets.Dataset.from_parquet(path)
+        table = _ParquetRows(path)
         columns = list(table.column_names)
         missing = [k for k in (prompt_key, answer_key) if k is not None and k not in columns]
         if missing:  # a parquet file's columns are the same for every row
             raise BadRow(f"dataset {path}: no column {missing[0]!r}; columns: {columns}")
         good = []
-        for i, prompt in enumerate(table[prompt_key]):
+        for i, prompt in enumerate(table.column(prompt_key)):
             problem = _prompt_problem(prompt, prompt_key)
             if problem is None:
                 good.append(i)
@@ -153,6 +151,34 @@ def _load_rows(path: str, _mtime: int, _size: int, prompt_key: str, answer_key: 
     if len(rows) == 0:
         raise BadRow(f"dataset {path} has no rows" + (f" ({skipped} bad rows skipped)" if skipped else ""))
     return rows
+
+
+class _ParquetRows:
+    """A parquet file's rows, read with pyarrow: ``rows[i]`` a row as a dict. Nothing is written
+    anywhere (the Hugging Face ``datasets`` reader cached an Arrow copy of every file under
+    ``~/.cache/huggingface``); a file pyarrow cannot read is a ``BadRow`` of one line."""
+
+    def __init__(self, path: str):
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        if os.path.getsize(path) == 0:
+            raise BadRow(f"dataset {path}: an empty file (0 bytes), not a parquet file")
+        try:
+            self._table = pq.read_table(path, memory_map=True)
+        except (pa.ArrowException, OSError) as e:  # not parquet, truncated, a corrupt footer
+            raise BadRow(f"dataset {path}: not a readable parquet file "
+                          f"({' '.join(str(e).split())[:200]})") from None
+        self.column_names = self._table.column_names
+
+    def __len__(self) -> int:
+        return self._table.num_rows
+
+    def __getitem__(self, i: int) -> dict:
+        return self._table.slice(i, 1).to_pylist()[0]
+
+    def column(self, key: str) -> list:
+        return self._table.column(key).to_pylist()
 
 
 def _capped_lines(f, cap: int):

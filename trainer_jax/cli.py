@@ -6,6 +6,9 @@
     mixrl-train plot RUN_DIR                                   PNG plots of a run's metrics
     mixrl-train sweep SWEEP.yaml [--quick] [--out DIR] [--report-only]   the ablation grid + report
     mixrl-train plan RUN_DIR --budget USD_PER_HOUR [--prices F] [--limits F] [--out plan.yaml]
+
+Overrides: ``key.sub=value`` (a YAML value) for any config key; ``'groups[NAME].key=value'``
+for the group named NAME (``groups[bf16].capacity=32``, ``groups[h100-fp8].spawn=false``).
 """
 
 from __future__ import annotations
@@ -39,7 +42,10 @@ def _main_parser() -> argparse.ArgumentParser:
                    "replica-hour) merged over the config's prices:")
     p.add_argument("--plan", metavar="FILE", help="a plan.yaml of mixrl-train plan: its groups' replica "
                    "counts, accelerators and prices over the config's (a group given 0 leaves the pool)")
-    p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. run.seed=3")
+    p.add_argument("overrides", nargs="*", metavar="key=value",
+                   help="config overrides as YAML values, e.g. run.seed=3; a group by name: "
+                        "'groups[bf16].capacity=32', 'groups[h100-fp8].spawn=false' (quote them: "
+                        "the shell reads [..] as a pattern)")
     return p
 
 
@@ -85,9 +91,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = load_config(args.config, overrides, prices=args.prices)
         from trainer_jax.batch_shape import check_config
-        from trainer_jax.config.checks import check_model_files
+        from trainer_jax.config.checks import check_host_devices, check_model_files
 
         check_model_files(cfg)  # the model directory's tokenizer and the chat template tasks need
+        check_host_devices(cfg)  # spawned groups' cuda:N against this host's GPUs
         check_config(cfg)  # a batch shape that drops samples, before JAX is imported
     except ConfigError as e:
         errors.print(f"[red]error:[/red] {' '.join(str(e).split())}", highlight=False)

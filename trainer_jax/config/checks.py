@@ -11,9 +11,13 @@ with it. Each problem is a ``ConfigError`` of one line naming the key.
 
 from __future__ import annotations
 
+import os
+import re
+from collections.abc import Mapping
 from pathlib import Path
 
 from trainer_jax.config import ConfigError, RunConfig
+from trainer_jax.config.yaml_safe import short
 
 # Environments that speak through a model's chat template when the tokenizer is a model's own
 # (without one they fall back to the character tokenizer's <bos>/<eos> framing).
@@ -49,6 +53,61 @@ def check_model_files(cfg: RunConfig) -> None:
         raise ConfigError(f"model.hf_dir {str(d)!r}: the tokenizer has no chat template "
                           f"(chat_template.jinja or tokenizer_config.json chat_template), which "
                           f"tasks env {'/'.join(needing)} needs")
+
+
+def host_gpus(env: Mapping[str, str] = os.environ, proc: str | os.PathLike = "/proc/driver/nvidia/gpus",
+              dev: str | os.PathLike = "/dev") -> tuple[int | None, str]:
+    """How many CUDA devices a process started here with ``env`` sees, and how that was counted,
+    without torch: the NVIDIA driver's ``/proc/driver/nvidia/gpus/<bus id>`` entries and the
+    ``/dev/nvidiaN`` nodes (the fewer of the two: a container may show one and not the other),
+    then ``CUDA_VISIBLE_DEVICES`` (CUDA numbers only the devices it lists, up to its first entry
+    that names none). None when the host may have GPUs this cannot count (ROCm's ``/dev/kfd``)."""
+    counts, how = [], []
+    proc, dev = Path(proc), Path(dev)
+    if proc.is_dir():
+        counts.append(sum(1 for _ in proc.iterdir()))
+        how.append(f"{counts[-1]} in {proc}")
+    else:
+        how.append(f"no {proc}")
+    try:
+        nodes = sum(1 for p in dev.iterdir() if re.fullmatch(r"nvidia\d+", p.name))
+    except OSError:
+        nodes = 0
+    if nodes or not counts:
+        counts.append(nodes)
+        how.append(f"{nodes} {dev}/nvidiaN device nodes")
+    found = min(counts)
+    if found == 0 and (dev / "kfd").exists():
+        return None, f"no NVIDIA GPU, but {dev}/kfd (ROCm) is there"
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return found, ", ".join(how)
+    listed = 0
+    for entry in (e.strip() for e in visible.split(",")):
+        if not (entry.isdigit() and int(entry) < found or entry.startswith(("GPU-", "MIG-"))):
+            break  # CUDA ignores this entry and every one after it
+        listed += 1
+    count = min(listed, found)
+    return count, f"{', '.join(how)}; CUDA_VISIBLE_DEVICES={short(visible, 60)} leaves {count}"
+
+
+def check_host_devices(cfg: RunConfig, env: Mapping[str, str] = os.environ) -> None:
+    """Every spawned group's ``device`` exists on this host: ``cuda:N`` needs more than N CUDA
+    devices, ``cuda`` at least one (``host_gpus``); ``cpu`` and ``auto`` always exist. Checked by
+    the command that spawns samplers, before anything starts (a sampler on a missing GPU failed
+    with a traceback half a minute in). Raises ``ConfigError`` naming the group."""
+    spawned = [g for g in cfg.groups if g.spawn and g.processes > 0 and g.device.startswith("cuda")]
+    if not spawned:
+        return
+    count, how = host_gpus(env)
+    if count is None:
+        return
+    for g in spawned:
+        need = int(g.device.split(":")[1]) + 1 if ":" in g.device else 1
+        if need > count:
+            raise ConfigError(f"groups[{g.name}].device {g.device}: this host has {count} CUDA "
+                              f"device(s) ({how}); spawned samplers need {need} (use device: auto or "
+                              "cpu, an index below the count, or spawn: false for samplers elsewhere)")
 
 
 def check_kept_sets(cfg: RunConfig) -> None:
@@ -116,5 +175,5 @@ def check_context_rows(cfg: RunConfig) -> None:
                               "(context parallelism cuts every row into 2 x context chunks)")
 
 
-__all__ = ["TEMPLATE_ENVS", "check_context_rows", "check_kept_sets", "check_model_files",
-           "check_wire_limits", "trajectory_wire_bytes"]
+__all__ = ["TEMPLATE_ENVS", "check_context_rows", "check_host_devices", "check_kept_sets",
+           "check_model_files", "check_wire_limits", "host_gpus", "trajectory_wire_bytes"]
