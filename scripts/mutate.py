@@ -94,7 +94,8 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
                                    "tests/envs/test_code_reward.py", "tests/envs/test_reward_workers.py",
                                    "tests/envs/test_reward_requests.py"]),
     "router": (["trainer_jax/service/router.py"],
-               ["tests/service/test_router_limits.py", "tests/service/test_mutation_router.py", "tests/cost/test_cost_accounting.py",
+               ["tests/service/test_router_limits.py", "tests/service/test_mutation_router.py",
+                "tests/cost/test_cost_accounting.py",
                 "tests/service/test_service.py::test_router_shares_follow_measured_throughput",
                 "tests/service/test_service.py::test_router_quota_limits_a_group_and_status_exports_shares"]),
     # issue 46: the decision functions named there, each with its reference test first
