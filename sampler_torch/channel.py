@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
@@ -28,6 +30,20 @@ class RolloutError(RuntimeError):
         super().__init__(f"{code.name}: {details}")
         self.code = code
         self.details = details
+
+
+class TrainerGone(RolloutError):
+    """The trainer stopped answering for longer than the client's ``gone_after_s``: its process
+    exited, or its host or the network between went away."""
+
+    def __init__(self, address: str, down_s: float):
+        super().__init__(grpc.StatusCode.UNAVAILABLE, f"trainer at {address} is gone (unreachable "
+                                                      f"for {down_s:.0f} s)")
+        self.address = address
+
+
+class ConnectTimeout(RolloutError):
+    """Nothing answered at the trainer's address within the connect timeout."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,3 +114,62 @@ def open_channel(address: str, tls: TLSOptions | None, max_message_bytes: int) -
     creds = grpc.ssl_channel_credentials(root_certificates=read(tls.ca_file), private_key=read(tls.key_file),
                                          certificate_chain=read(tls.cert_file))
     return grpc.secure_channel(address, creds, options=options)
+
+
+class Link:
+    """How long a channel has been down: since it last left READY, or since its first connection
+    attempt failed (``TRANSIENT_FAILURE``); 0 while connected. Fed by gRPC's connectivity
+    callbacks, so it knows without a call of ours failing first."""
+
+    def __init__(self, channel: grpc.Channel):
+        self.channel = channel
+        self._down_since: float | None = None
+        self._ever_ready = False
+        self._lock = threading.Lock()
+        channel.subscribe(self._on_state)
+
+    def _on_state(self, state: grpc.ChannelConnectivity) -> None:
+        with self._lock:
+            if state == grpc.ChannelConnectivity.READY:
+                self._down_since, self._ever_ready = None, True
+            elif self._down_since is None and (
+                    self._ever_ready or state == grpc.ChannelConnectivity.TRANSIENT_FAILURE):
+                self._down_since = time.monotonic()
+
+    def down_for(self) -> float:
+        since = self._down_since
+        return 0.0 if since is None else time.monotonic() - since
+
+    def close(self) -> None:
+        self.channel.unsubscribe(self._on_state)
+
+
+def wait_ready(channel: grpc.Channel, address: str, timeout_s: float, *, stopped: Callable[[], bool],
+               every_s: float = 15.0, on_wait: Callable[[float], None] | None = None) -> None:
+    """Block until ``channel`` connects (something answers at ``address``).
+
+    ``on_wait(seconds so far)`` every ``every_s`` while it waits; ``ConnectTimeout`` after
+    ``timeout_s``; ``RolloutError`` ``CANCELLED`` once ``stopped()`` (a SIGTERM handler's
+    ``request_stop``)."""
+    future = grpc.channel_ready_future(channel)
+    start = time.monotonic()
+    report_at = start + every_s
+    try:
+        while True:
+            try:
+                future.result(timeout=0.2)
+                return
+            except grpc.FutureTimeoutError:
+                pass
+            if stopped():
+                raise RolloutError(grpc.StatusCode.CANCELLED, "waiting for the trainer: client closed")
+            now = time.monotonic()
+            if now - start >= timeout_s:
+                raise ConnectTimeout(grpc.StatusCode.DEADLINE_EXCEEDED,
+                                     f"nothing answered at {address} within {timeout_s:g} s")
+            if on_wait is not None and now >= report_at:
+                on_wait(now - start)
+                report_at = now + every_s
+    finally:
+        future.cancel()
+

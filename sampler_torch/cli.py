@@ -1,12 +1,19 @@
 """`mixrl-sample`: run a sampler that joins a trainer over gRPC.
 
-    MIXRL_TOKEN=... mixrl-sample --trainer HOST:PORT --group NAME --recipe fp8 --model-dir DIR
+    MIXRL_TOKEN=... mixrl-sample --trainer HOST:PORT --group NAME --recipe fp8 [--model-dir DIR]
         [--backend engine|sglang|vllm [--server-url URL]] [--device auto|cpu|cuda|cuda:N]
 
 Leases tasks, generates with the engine in the given precision recipe, submits trajectories and
 reloads weights in flight as the trainer publishes them (verified against the sha256 manifest).
-Exits 0 on SIGTERM/SIGINT (or after ``--max-samples``), 2 on bad arguments, 3 when the trainer
-refuses the token.
+Without ``--model-dir`` it first fetches the trainer's current version over gRPC (as a
+``mixrl-fleet`` replica does, ``fleet.weights.fetch_current``) and says so.
+
+It never waits silently: until the trainer answers it logs ``waiting for the trainer at ADDR``
+with the time so far (every ``$MIXRL_WAIT_REPORT_S`` seconds, 15 by default) and gives up after
+``--connect-timeout-s`` in one line; once connected, a trainer unreachable for ``--gone-after-s``
+ends it with one line ``trainer at ADDR is gone``. Exits 0 on SIGTERM/SIGINT (or after
+``--max-samples``), 1 when the trainer never answered or went away, 2 on bad arguments, 3 when
+the trainer refuses the token.
 
 ``--device auto`` (the default) is the local GPU when torch sees one (the ``LOCAL_RANK``-th
 visible device under a launcher, ``sampler_torch.device``), else the CPU; a GPU asked for on a
@@ -22,6 +29,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -34,7 +42,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--recipe", default="bf16", help="precision recipe name (sampler_torch.recipes)")
     p.add_argument("--recipe-override", action="append", default=[], metavar="FIELD=VALUE",
                    help="override a recipe field, e.g. kv_cache_dtype=fp8_e4m3 (repeatable)")
-    p.add_argument("--model-dir", required=True, help="initial weights (export in the recipe's format)")
+    p.add_argument("--model-dir", default=None,
+                   help="initial weights (a full HF export in the recipe's format); default: fetch the "
+                        "trainer's current version over gRPC into --weights-cache/initial")
+    p.add_argument("--connect-timeout-s", type=float, default=300.0, metavar="S",
+                   help="give up when nothing answers at --trainer within S seconds (default 300)")
+    p.add_argument("--gone-after-s", type=float, default=20.0, metavar="S",
+                   help="exit when the trainer has been unreachable for S seconds after it answered "
+                        "(default 20; 0: wait for it forever, e.g. across a slow trainer restart)")
     p.add_argument("--backend", choices=("engine", "sglang", "vllm"), default="engine",
                    help="what generates: the torch engine here, or an SGLang / vLLM server")
     p.add_argument("--server-url", default=None, metavar="URL",
@@ -106,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mixrl-sample: {e}", file=sys.stderr)
         return 2
 
-    from sampler_torch.client import RolloutClient, RolloutError, TLSOptions
+    from sampler_torch.client import ConnectTimeout, RolloutClient, RolloutError, TLSOptions, TrainerGone
 
     try:
         if args.token_file:
@@ -127,6 +142,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"mixrl-sample: --recipe-override {item!r} is not FIELD=VALUE", file=sys.stderr)
             return 2
         overrides[key] = value
+    if problem := model_dir_problem(args.model_dir):
+        print(f"mixrl-sample: --model-dir {problem}", file=sys.stderr)
+        return 2
 
     import torch
 
@@ -141,44 +159,76 @@ def main(argv: list[str] | None = None) -> int:
     except RecipeError as e:
         print(f"mixrl-sample: {e}", file=sys.stderr)
         return 2
-    try:
-        engine = open_backend(args.backend, args.model_dir, recipe, server_url=args.server_url,
-                              max_batch=args.max_batch, server_extra_args=args.server_arg,
-                              log_path=args.server_log, device=device,
-                              compile={"on": True, "off": False}.get(args.compile, "auto"))
-    except (RecipeError, ValueError, ServerError) as e:  # a server refusing the recipe, or down
-        print(f"mixrl-sample: --backend {args.backend}: {e}", file=sys.stderr)
-        return 2
     tls = None
     if args.tls_ca or args.tls_cert:
         tls = TLSOptions(ca_file=args.tls_ca, cert_file=args.tls_cert, key_file=args.tls_key,
                          server_name=args.tls_server_name)
     compute = compute_report(device, args.backend)
-    accelerator = args.accelerator or compute["name"]
-    log.info("computing on %s (%s), recipe %s: matmuls %s, attention %s, compiled decode %s",
-             device, compute["name"], recipe.name, compute["kernels"].get(recipe.name, "?"),
-             getattr(engine, "attention", "server"), getattr(engine, "compile", "server"))
+    name = args.name or f"{socket.gethostname()}:{os.getpid()}"
     client = RolloutClient(
-        args.trainer, token, group=args.group, accelerator=accelerator, capacity=args.capacity,
-        weight_formats=(recipe.weight_format,), name=args.name or f"{socket.gethostname()}:{os.getpid()}",
+        args.trainer, token, group=args.group, accelerator=args.accelerator or compute["name"],
+        capacity=args.capacity, weight_formats=(recipe.weight_format,), name=name,
         recipe=dict(name=recipe.name, weight_format=recipe.weight_format,
                     activation_format=recipe.activations, kv_dtype=recipe.describe()["kv_cache_dtype"],
                     backend=BACKENDS[args.backend], logit_noise=recipe.logit_noise),
-        tls=tls, device=compute)
-    loop = SamplerLoop(client, engine, LoopConfig(
-        capacity=args.capacity, weights_cache=args.weights_cache, transfer=args.weights_transfer,
-        episode_tokens=args.episode_tokens, max_samples=args.max_samples))
+        tls=tls, device=compute, gone_after_s=args.gone_after_s or None)
+    stop = threading.Event()
+    loop: list = []  # the SamplerLoop once there is one, for the signal handler
 
     def on_signal(signum, frame):
         log.info("signal %d: stopping", signum)
-        loop.stop()
+        stop.set()
+        for running in loop:
+            running.stop()
         client.request_stop()
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    engine = None
     try:
-        stats = loop.run()
+        wait = lambda: client.wait_ready(  # noqa: E731
+            args.connect_timeout_s, every_s=_report_every_s(), on_wait=lambda s: log.info(
+                "waiting for the trainer at %s (%.0f s so far; giving up after --connect-timeout-s %g)",
+                args.trainer, s, args.connect_timeout_s))
+        model_dir = args.model_dir
+        if model_dir is None:
+            wait()
+            model_dir = fetch_initial(args, token, recipe.name, name, stop, log)
+            if model_dir is None:
+                return 0 if stop.is_set() else 1
+        try:
+            engine = open_backend(args.backend, model_dir, recipe, server_url=args.server_url,
+                                  max_batch=args.max_batch, server_extra_args=args.server_arg,
+                                  log_path=args.server_log, device=device,
+                                  compile={"on": True, "off": False}.get(args.compile, "auto"))
+        except (RecipeError, ValueError, ServerError, OSError) as e:  # a server refusing the recipe, or down
+            print(f"mixrl-sample: --backend {args.backend}: {' '.join(str(e).split())}", file=sys.stderr)
+            return 2
+        log.info("computing on %s (%s), recipe %s: matmuls %s, attention %s, compiled decode %s",
+                 device, compute["name"], recipe.name, compute["kernels"].get(recipe.name, "?"),
+                 getattr(engine, "attention", "server"), getattr(engine, "compile", "server"))
+        wait()
+        loop.append(SamplerLoop(client, engine, LoopConfig(
+            capacity=args.capacity, weights_cache=args.weights_cache, transfer=args.weights_transfer,
+            episode_tokens=args.episode_tokens, max_samples=args.max_samples)))
+        stats = loop[0].run()
+        if client.gone is not None:  # the heartbeat found it gone; the loop then stopped
+            raise client.gone
+    except ConnectTimeout:
+        print(f"mixrl-sample: no trainer answered at {args.trainer} within --connect-timeout-s "
+              f"{args.connect_timeout_s:g} (is it running, and is that its address and port?)",
+              file=sys.stderr)
+        return 1
+    except TrainerGone as e:
+        print(f"mixrl-sample: {e}; exiting", file=sys.stderr)
+        return 1
     except RolloutError as e:
+        if client.gone is not None:
+            print(f"mixrl-sample: {client.gone}; exiting", file=sys.stderr)
+            return 1
+        if stop.is_set() and e.code.name == "CANCELLED":  # SIGTERM while connecting: a plain stop
+            log.info("stopped before the trainer answered")
+            return 0
         log.error("trainer refused us: %s", e)
         return 3 if e.code.name in ("UNAUTHENTICATED", "PERMISSION_DENIED") else 1
     finally:
@@ -189,6 +239,54 @@ def main(argv: list[str] | None = None) -> int:
              stats.rounds, stats.accepted, stats.duplicates, dict(stats.refused), stats.weight_versions,
              stats.weight_failures)
     return 0
+
+
+def _report_every_s() -> float:
+    """Seconds between "waiting for the trainer" lines: ``$MIXRL_WAIT_REPORT_S`` (the trainer's
+    waits read it too; tests set a second or two), else 15."""
+    try:
+        return max(0.1, float(os.environ.get("MIXRL_WAIT_REPORT_S") or 15.0))
+    except ValueError:
+        return 15.0
+
+
+def model_dir_problem(model_dir: str | None) -> str | None:
+    """Why ``--model-dir`` cannot be loaded, in one phrase (None: absent, or looks loadable)."""
+    if model_dir is None:
+        return None
+    from sampler_torch.weights_fetch import delta_hint
+
+    path = os.path.expanduser(model_dir)
+    if not os.path.isdir(path):
+        return (f"{model_dir}: no such directory (leave --model-dir out to fetch the trainer's "
+                "current weights)")
+    if hint := delta_hint(path):
+        return f"{hint}; or leave --model-dir out to fetch the trainer's current weights"
+    return None
+
+
+def fetch_initial(args: argparse.Namespace, token: str, recipe: str, name: str, stop: threading.Event,
+                  log: logging.Logger) -> str | None:
+    """No ``--model-dir``: the trainer's current version in ``recipe``'s format, fetched (or read
+    from the shared path) into ``--weights-cache/initial`` and verified, as a fleet replica does;
+    None (after one line) when it could not be had."""
+    from pathlib import Path
+
+    from fleet.weights import FetchError, fetch_current
+
+    cache = Path(args.weights_cache).expanduser() / "initial"
+    log.info("no --model-dir: fetching the current weights from the trainer at %s into %s",
+             args.trainer, cache)
+    try:
+        version, path = fetch_current(args.trainer, token, group=args.group, recipe=recipe, name=name,
+                                      cache_dir=cache, transfer=args.weights_transfer,
+                                      timeout_s=args.connect_timeout_s, stop=stop)
+    except FetchError as e:
+        if not stop.is_set():
+            print(f"mixrl-sample: fetching the initial weights: {e}", file=sys.stderr)
+        return None
+    log.info("starting from the trainer's version %d (%s)", version, path)
+    return str(path)
 
 
 def run() -> None:

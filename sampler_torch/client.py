@@ -36,15 +36,19 @@ from sampler_torch.channel import (
     RETRYABLE,
     Backoff,
     BackpressureSignal,
+    ConnectTimeout,
+    Link,
     RolloutError,
     TLSOptions,
+    TrainerGone,
     is_retryable,
     open_channel,
+    wait_ready,
 )
 from sampler_torch.weights_fetch import WeightsError, check_downloaded, materialize_weights, prune_cache
 
-__all__ = ["Backoff", "EncodedTrajectory", "RolloutClient", "RolloutError", "SubmitResult", "TLSOptions",
-           "WeightsError", "build_trajectory", "encode_trajectory"]
+__all__ = ["Backoff", "ConnectTimeout", "EncodedTrajectory", "RolloutClient", "RolloutError", "SubmitResult",
+           "TLSOptions", "TrainerGone", "WeightsError", "build_trajectory", "encode_trajectory"]
 
 log = logging.getLogger("mixrl.client")
 
@@ -76,7 +80,7 @@ class RolloutClient:
                  name: str | None = None, tls: TLSOptions | None = None,
                  max_message_bytes: int | None = None, backoff: Backoff = _DEFAULT_BACKOFF,
                  rpc_timeout_s: float = 30.0, max_retry_s: float | None = None,
-                 device: pb.ComputeDevice | Mapping | None = None):
+                 device: pb.ComputeDevice | Mapping | None = None, gone_after_s: float | None = None):
         if not token:
             raise ValueError("a bearer token is required (MIXRL_TOKEN or --token-file)")
         self.address = address
@@ -114,8 +118,13 @@ class RolloutClient:
         self.server_id: str | None = None
         self.info: pb.RegisterResponse | None = None
         self.registrations = 0
+        self.gone: TrainerGone | None = None  # set when the heartbeat found the trainer gone
         self.expired_leases: set[str] = set()
         self._channel = open_channel(address, tls, -1 if max_message_bytes is None else max_message_bytes)
+        # gone_after_s: a retried call gives up with TrainerGone once the channel has been down
+        # (not READY since it failed) that long; None: retry for as long as max_retry_s allows.
+        self.gone_after_s = gone_after_s
+        self._link = Link(self._channel)
         self._stub = pb_grpc.RolloutStub(self._channel)
         # Submit and SubmitStream send serialized bytes as they are: an ``EncodedTrajectory`` is
         # already on the wire format, a ``pb.Trajectory`` is serialized once by ``_wire_bytes``.
@@ -130,7 +139,18 @@ class RolloutClient:
 
     def close(self) -> None:
         self._closed.set()
+        self._link.close()
         self._channel.close()
+
+    def down_for(self) -> float:
+        """Seconds since the channel last lost (or failed to make) its connection; 0 while up."""
+        return self._link.down_for()
+
+    def wait_ready(self, timeout_s: float, *, every_s: float = 15.0,
+                   on_wait: Callable[[float], None] | None = None) -> None:
+        """Block until something answers at the trainer's address (``channel.wait_ready``)."""
+        wait_ready(self._channel, self.address, timeout_s, stopped=self._closed.is_set, every_s=every_s,
+                   on_wait=on_wait)
 
     def request_stop(self) -> None:
         """Make retries and new calls give up (CANCELLED) without closing the channel under a
@@ -148,6 +168,9 @@ class RolloutClient:
         return self._closed.is_set()
 
     def _sleep(self, delays: Iterator[float], start: float, what: str, e: grpc.RpcError) -> None:
+        if (self.gone_after_s is not None and e.code() == grpc.StatusCode.UNAVAILABLE
+                and self.down_for() > self.gone_after_s):
+            raise TrainerGone(self.address, self.down_for())
         if self.max_retry_s is not None and time.monotonic() - start > self.max_retry_s:
             raise RolloutError(e.code(), f"{what}: gave up after {self.max_retry_s:.0f} s: {e.details()}")
         d = next(delays)
@@ -248,6 +271,10 @@ class RolloutClient:
                 try:
                     resp = self.heartbeat(*(report() if report else (-1, 0, 0)))
                     self.expired_leases.update(resp.expired_lease_ids)
+                except TrainerGone as e:  # every call now gives up (CANCELLED); gone says why
+                    self.gone = e
+                    self._closed.set()
+                    return
                 except RolloutError as e:
                     if self._closed.is_set():
                         return

@@ -41,7 +41,25 @@ def describe(device) -> dict[str, str]:
         major, minor = torch.cuda.get_device_capability(index)
         return {"type": "cuda", "name": torch.cuda.get_device_name(index), "index": str(index),
                 "capability": f"{major}.{minor}"}
-    return {"type": device.type, "name": platform.processor() or platform.machine() or device.type}
+    return {"type": device.type, "name": cpu_name() or platform.processor() or platform.machine()
+            or device.type}
 
 
-__all__ = ["DeviceError", "check_spec", "describe", "local_device", "local_rank", "resolve_device"]
+def cpu_name(cpuinfo: str = "/proc/cpuinfo") -> str:
+    """The processor's model as Linux names it (``model name`` in ``/proc/cpuinfo``, e.g. ``AMD
+    EPYC 9654 96-Core Processor``; ARM kernels may say ``Model`` or only ``CPU part``); "" when
+    the file is absent or names none. ``platform.processor()`` is only the architecture
+    (``x86_64``) on Linux, which says nothing about the machine's speed."""
+    try:
+        with open(cpuinfo, errors="replace") as f:
+            for line in f:
+                key, sep, value = line.partition(":")
+                if sep and key.strip() in ("model name", "Model", "Hardware") and value.strip():
+                    return " ".join(value.split())
+    except OSError:
+        pass
+    return ""
+
+
+__all__ = ["DeviceError", "check_spec", "cpu_name", "describe", "local_device", "local_rank",
+           "resolve_device"]

@@ -328,7 +328,7 @@ class SamplerLoop:
             try:
                 recs = run_episodes(self._engine_generate, [ep for _, ep in group],
                                     self._make_params(task0.sampling, 0), max_total_tokens=budget,
-                                    seeds=seeds, should_stop=self.stop_event.is_set)
+                                    seeds=seeds, should_stop=self._should_stop)
             finally:
                 for _, ep in group:
                     _close(ep)
@@ -343,8 +343,13 @@ class SamplerLoop:
         if self._stoppable is None:
             self._stoppable = "should_stop" in inspect.signature(self.engine.generate).parameters
         if self._stoppable:
-            return self.engine.generate(prompts, params, should_stop=self.stop_event.is_set)
+            return self.engine.generate(prompts, params, should_stop=self._should_stop)
         return self.engine.generate(prompts, params)
+
+    def _should_stop(self) -> bool:
+        """Stop generating: told to, or the client gave up (the trainer is gone: nothing generated
+        now could be submitted)."""
+        return self.stop_event.is_set() or bool(getattr(self.client, "closed", False))
 
     def _episode(self, env, task: pb.Task):
         try:

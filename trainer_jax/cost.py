@@ -67,6 +67,28 @@ def accelerator_mismatch(expected: str | None, reported: str, device: Mapping | 
     return f"priced as accelerator {expected!r} but reports {what}"
 
 
+def illustrative_prices(groups) -> dict[str, str]:
+    """``{group: accelerator}`` of the groups whose prices are illustrative: spawned with ``device:
+    cpu`` (the config itself says they compute on this host's CPU) and priced as an accelerator
+    the CPU does not match. Their samplers are not checked against that accelerator at
+    registration (the check's warning would only repeat the config), and ``illustrative_line``
+    says so once; a group on ``device: auto`` that lands on the CPU still warns."""
+    cpu = {"type": "cpu", "name": ""}
+    return {g.name: g.accelerator for g in groups
+            if g.spawn and g.device == "cpu" and g.accelerator
+            and accelerator_mismatch(g.accelerator, "", cpu) is not None}
+
+
+def illustrative_line(groups) -> str | None:
+    """The one start-up line for ``illustrative_prices`` (None when there are none)."""
+    priced = illustrative_prices(groups)
+    if not priced:
+        return None
+    named = ", ".join(f"{g} as {a}" for g, a in priced.items())
+    return (f"prices are illustrative: groups priced {named} compute on this host's CPU "
+            "(device: cpu); their USD figures are what those accelerators would cost")
+
+
 def useful_share(dropped: float | None, out_of_range: float | None) -> float | None:
     """Share of a group's policy tokens the objective kept in range: (1 - dropped) x (1 - oor).
 

@@ -36,6 +36,7 @@ from mixrl_wire.recipes import BACKENDS
 from trainer_jax.batching import Sample, pack
 from trainer_jax.checkpoint import Checkpointer
 from trainer_jax.config import ConfigError, RunConfig
+from trainer_jax.console_log import console_logging
 from trainer_jax.cost import TrainerCost, ledger_from_checkpoint, status_text
 from trainer_jax.diagnostics import CollapseAlarms, MetricsSink, alarm_settle_steps, plot_run
 from trainer_jax.episode_log import EpisodeLog, episode_metrics
@@ -57,7 +58,7 @@ from trainer_jax.parallel.lockstep import (
 from trainer_jax.parallel.mesh import describe, make_mesh
 from trainer_jax.parallel.rules import ShardingRules
 from trainer_jax.policy import build_policy, check_layout
-from trainer_jax.progress import StepProgress
+from trainer_jax.progress import Phase, StepProgress
 from trainer_jax.publisher import snapshot
 from trainer_jax.publishing import start_publisher
 from trainer_jax.resume import (
@@ -74,6 +75,7 @@ from trainer_jax.service.server import RolloutService
 from trainer_jax.service.tasks import build_task_source
 from trainer_jax.sft import warm_start
 from trainer_jax.sync import SyncTasks
+from trainer_jax.waits import announce_registrations, take
 
 
 class Trainer:
@@ -180,10 +182,9 @@ class Trainer:
         cfg = self.cfg
         if cfg.sft.steps == 0 or self.meta["sft_done"]:
             return
-        with self.console.status("[bold]supervised warm start") as status:
+        with Phase(self.console, "supervised warm start", total=cfg.sft.steps) as phase:
             def on_step(step, loss):
-                status.update(f"[bold]supervised warm start[/bold] step {step + 1}/{cfg.sft.steps} "
-                              f"loss {loss:.3f}")
+                phase.update(step + 1, f"loss {loss:.3f}")
                 if self.sink is not None and (step % 10 == 0 or step == cfg.sft.steps - 1):
                     self.sink.write(step - cfg.sft.steps, {"sft/loss": loss})
 
@@ -199,18 +200,16 @@ class Trainer:
         self.service = RolloutService.from_config(self.cfg, token=self.token, source=source).start()
         self.evaluator = FleetEvaluator(self.cfg, self.eval_source, self.service)
         self.console.print(f"rollout service on {self.service.address} (bearer token in {self.token_file})")
+        announce_registrations(self.service, self.cfg, self._line)
 
     def _start_samplers(self, paths: dict[str, Path]) -> None:
         self.samplers.start(self.service.address, self.token_file, paths)
         self.console.print(f"started {len(self.samplers.processes)} sampler processes "
                            f"({self.samplers.describe()})")
-        self.samplers.wait_registered(lambda: len(self.service.status()["samplers"]),
-                                      self.cfg.train.sampler_start_timeout_s)
-        from trainer_jax.service.sessions import describe_device
-
-        for s in self.service.status()["samplers"]:  # what each computes on, as it registered
-            self.console.print(f"sampler {s['name']} ({s['group']}): "
-                               f"{describe_device(s['device'], s['recipe'].get('name'))}")
+        registered = lambda: len(self.service.status()["samplers"])  # noqa: E731
+        with Phase(self.console, "samplers registering",
+                   status=lambda: f"{registered()} of {len(self.samplers.processes)} registered"):
+            self.samplers.wait_registered(registered, self.cfg.train.sampler_start_timeout_s)
 
     def weight_formats(self) -> list[str]:
         """The config's formats, plus the preferred one of each sampler that loads none of them."""
@@ -234,7 +233,8 @@ class Trainer:
         if not self.evaluator.enabled:
             return {}
         try:
-            result = self.evaluator.evaluate(self.publisher.published[-1])
+            with Phase(self.console, f"eval ({label})"):
+                result = self.evaluator.evaluate(self.publisher.published[-1])
         except TimeoutError as e:
             self.console.print(f"[yellow]eval ({label}) skipped[/yellow]: {e}")
             return {}
@@ -354,7 +354,8 @@ class Trainer:
                                      probe=self.publisher.probes.get(version))
 
     def run(self) -> dict:
-        self._setup()
+        with Phase(self.console, "setting up (model, tasks, tokenizer)"):
+            self._setup()
         self._warm_start()
         if not self.leader:
             return follow(self)
@@ -376,7 +377,8 @@ class Trainer:
         history = self.meta["history"]
         failed, started = True, False
         try:
-            paths = self.publisher.publish_now(version, self._snapshot())
+            with Phase(self.console, f"publishing weights v{version}"):
+                paths = self.publisher.publish_now(version, self._snapshot())
             started = True  # from here on a stop leaves a checkpoint
             if self.sync:
                 self.sync.release(version)
@@ -488,19 +490,11 @@ class Trainer:
         tmp.write_bytes(pickle.dumps(record))
         tmp.replace(self.run_dir / "trajectories.pkl")
 
+    def _line(self, line: str) -> None:
+        self.console.print(line, markup=False, highlight=False)
+
     def _take(self, n: int):
-        deadline = time.monotonic() + self.cfg.train.take_timeout_s
-        groups = []
-        while len(groups) < n:
-            groups += self.service.buffer.take_groups(n - len(groups), timeout=1.0)
-            for event in self.samplers.restart_dead():  # a sampler that died is restarted, with backoff
-                self.console.print(event, markup=False)
-            if self.samplers.all_dead():
-                raise RuntimeError(f"every sampler process exited; see {self.samplers.logs}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"no {n} complete prompt groups within train.take_timeout_s="
-                                   f"{self.cfg.train.take_timeout_s}s (got {len(groups)})")
-        return groups
+        return take(self.service, self.samplers, self.cfg, n, print_line=self._line)
 
 
 def train(cfg: RunConfig, *, resume: bool = False, console: Console | None = None) -> dict:
@@ -508,6 +502,7 @@ def train(cfg: RunConfig, *, resume: bool = False, console: Console | None = Non
     from trainer_jax.parallel.distributed import init_distributed
 
     console = console or Console(soft_wrap=True)
+    console_logging(console)  # library warnings as console lines, not `WARNING:name:` records
     # Before jax.distributed, a checkpoint or the run directory: the tasks with the run's tokenizer
     # (an environment it cannot serve, a dataset's longest prompt against the batch shape) and a
     # token file that cannot be read; each one line (ConfigError).

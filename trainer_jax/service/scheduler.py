@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import logging
 import secrets
 import threading
 import time
@@ -46,6 +47,7 @@ from trainer_jax.service.validation import TrajectoryRecord, ValidationContext
 _MEMORY = 200_000
 _RETRY_MS_BUSY = 200
 _RETRY_MS_EMPTY = 1000
+log = logging.getLogger("mixrl.service")
 
 
 class Scheduler:
@@ -74,6 +76,9 @@ class Scheduler:
         self._expired: collections.OrderedDict[str, str] = collections.OrderedDict()
         self.totals = collections.Counter()
         self.max_support: int | None = None  # train.support_k (RolloutService.from_config)
+        #: called with each new session once it is registered, outside the lock (the trainer's
+        #: console line, ``trainer_jax.waits``); a listener that fails is never the sampler's problem
+        self.on_register: list[Callable[[Session], None]] = []
 
     # ---------------------------------------------------------------- sessions
 
@@ -101,7 +106,12 @@ class Scheduler:
             g.samplers += 1
             g.capacity += s.capacity
             self.totals["sessions"] += 1
-            return s
+        for listener in list(self.on_register):
+            try:
+                listener(s)
+            except Exception:  # noqa: BLE001 - a console line must not refuse a registration
+                log.exception("registration listener failed for sampler %s", s.name)
+        return s
 
     def unserved_formats(self, published: list[str]) -> list[str]:
         """The most preferred weight format of each live session that loads none of ``published``.

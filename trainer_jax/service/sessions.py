@@ -38,6 +38,28 @@ def describe_device(device: dict, recipe: str | None = None) -> str:
     return text
 
 
+def peer_host(peer: str) -> str:
+    """The host of a gRPC peer string: ``ipv4:10.0.0.7:5123`` -> ``10.0.0.7``, ``ipv6:[::1]:5123``
+    -> ``::1``; anything else as it is."""
+    kind, _, rest = peer.partition(":")
+    if kind == "ipv4":
+        return rest.rpartition(":")[0] or rest
+    if kind == "ipv6":
+        return rest.rpartition(":")[0].strip("[]") or rest
+    return peer
+
+
+def registration_line(s: Session) -> str:
+    """The trainer console's line for one registration (spawned, external or fleet alike): who,
+    which group and recipe, from which host, on what device, and how every recipe's matmuls run
+    there (``native`` or ``emulate``)."""
+    recipe = s.recipe.get("name") or "?"
+    kernels = s.device.get("kernels") or {}
+    every = " ".join(f"{r}:{k}" for r, k in sorted(kernels.items()))
+    return (f"sampler {s.name} registered: group {s.group}, recipe {recipe}, host {peer_host(s.peer)}, "
+            f"{describe_device(s.device, recipe)}" + (f" (matmuls here: {every})" if every else ""))
+
+
 class Duplicate(Exception):
     """The submission repeats a sample this lease already delivered (an idempotent retry)."""
 
