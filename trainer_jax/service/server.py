@@ -14,6 +14,7 @@ reward -> commit, each step able to refuse with a status code and a reason namin
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import threading
@@ -41,7 +42,7 @@ from trainer_jax.service.scoring import ScoringBuffer
 from trainer_jax.service.sessions import describe_device
 from trainer_jax.service.status import status_response
 from trainer_jax.service.tasks import TaskSource, TaskSpec, build_task_source
-from trainer_jax.service.validation import ValidationError, validate_trajectory
+from trainer_jax.service.validation import MAX_ABS_REWARD, ValidationError, validate_trajectory
 from trainer_jax.service.weights import WeightRegistry
 
 log = logging.getLogger("mixrl.service")
@@ -390,6 +391,8 @@ class RolloutService:
         sched = self.scheduler
         try:
             session, spec, ctx = sched.begin_submit(msg)
+            if self.cfg.limits.max_abs_reward != MAX_ABS_REWARD:  # a reward or part beyond it: refused
+                ctx = dataclasses.replace(ctx, max_abs_reward=self.cfg.limits.max_abs_reward)
             try:
                 record = validate_trajectory(msg, ctx)
             except ValidationError as e:

@@ -24,6 +24,11 @@ from mixrl_wire.reward_parts import NAME as REWARD_PART_NAME
 # out at +1e-7 in float32, which is not a malformed record.
 LOGPROB_TOL = 1e-5
 MAX_FINISH_REASON = 64
+#: ``service.limits.max_abs_reward``'s default: a reward beyond it is no score but a fault, and
+#: float32 advantages of a group holding 3e38 (finite in float32) come out NaN
+MAX_ABS_REWARD = 1e6
+#: the reason a reward, reward part or metric beyond the limit (or not finite) is refused with
+OUT_OF_RANGE = "out_of_range"
 
 
 class ValidationError(ValueError):
@@ -47,6 +52,8 @@ class ValidationContext:
     current_version: int
     # The learner's ``train.support_k``: a larger kept set could not be packed (None: no limit).
     max_support: int | None = None
+    # ``service.limits.max_abs_reward``: a reward or reward part beyond it is refused (out_of_range)
+    max_abs_reward: float = MAX_ABS_REWARD
 
 
 @dataclasses.dataclass
@@ -179,15 +186,15 @@ def validate_trajectory(msg: pb.Trajectory | WireTrajectory, ctx: ValidationCont
     support = _validate_support(msg, ctx, p, sampled)
 
     reward = msg.reward
-    if reward is not None and not math.isfinite(reward):
-        raise ValidationError("reward", "must be finite")
+    if reward is not None:
+        _in_range("reward", "the reward", reward, ctx.max_abs_reward)
     if len(msg.finish_reason) > MAX_FINISH_REASON or not msg.finish_reason.isprintable():
         raise ValidationError("finish_reason", f"must be printable and at most {MAX_FINISH_REASON} chars")
     for name in ("queue_ms", "generate_ms"):
         v = getattr(msg, name)
         if not math.isfinite(v) or v < 0:
             raise ValidationError(f"timings.{name}", "must be finite and >= 0")
-    parts = _reward_parts(msg.reward_parts)
+    parts = _reward_parts(msg.reward_parts, ctx.max_abs_reward)
 
     return TrajectoryRecord(
         task_id=msg.task_id, sample_index=msg.sample_index, token_ids=tokens, loss_mask=mask,
@@ -201,8 +208,16 @@ def validate_trajectory(msg: pb.Trajectory | WireTrajectory, ctx: ValidationCont
 
 
 
-def _reward_parts(parts: list[tuple[str, float]]) -> dict[str, float]:
-    """The reward's named components: a few, named plainly (they become metric names), finite."""
+def _in_range(field: str, what: str, value: float, limit: float) -> None:
+    """``value`` finite and at most ``limit`` in magnitude, else refused as ``out_of_range``."""
+    if not math.isfinite(value) or abs(value) > limit:
+        raise ValidationError(field, f"{OUT_OF_RANGE}: {what} is {value:.6g}; it must be finite and "
+                                     f"at most {limit:g} in magnitude (service.limits.max_abs_reward)")
+
+
+def _reward_parts(parts: list[tuple[str, float]], limit: float = MAX_ABS_REWARD) -> dict[str, float]:
+    """The reward's named components: a few, named plainly (they become metric names), finite and
+    within ``limit``."""
     if len(parts) > MAX_REWARD_PARTS:
         raise ValidationError("reward_parts", f"{len(parts)} parts, at most {MAX_REWARD_PARTS}")
     out: dict[str, float] = {}
@@ -211,8 +226,7 @@ def _reward_parts(parts: list[tuple[str, float]]) -> dict[str, float]:
             raise ValidationError("reward_parts", "names must be 1-48 letters, digits, '_', '-' or '.'")
         if name in out:
             raise ValidationError("reward_parts", f"{name!r} twice")
-        if not math.isfinite(value):
-            raise ValidationError("reward_parts", f"{name!r} must be finite")
+        _in_range("reward_parts", f"part {name!r}", value, limit)
         out[name] = float(value)
     return out
 

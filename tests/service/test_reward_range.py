@@ -1,0 +1,101 @@
+"""Values in range on the service side (issue 44, item 4): a ``Submit`` / ``SubmitStream`` whose
+reward or reward part is not finite or beyond ``service.limits.max_abs_reward`` (default 1e6) is
+refused as ``out_of_range``, naming the field, and counted; values at the limit, negative zero
+and subnormals pass. Over real gRPC on 127.0.0.1."""
+
+from __future__ import annotations
+
+import math
+
+import grpc
+import numpy as np
+import pytest
+from fakes import fake_trajectory
+from test_service import client, lease_all, make_service
+
+from trainer_jax.config import ConfigError, load_config
+
+BAD_REWARDS = [1e308, 3e38, -3e38, float("inf"), float("-inf"), float("nan"), 1.5e6, -1000001.0]
+BAD_PARTS = [("p", float("inf")), ("p", 3e38), ("p", -2e6), ("p", float("nan"))]
+GOOD_REWARDS = [1e6, -1e6, -0.0, 1e-45, 0.0, 1.0]  # 1e-45: a float32 subnormal; 1e6 is exact
+
+
+@pytest.fixture
+def svc():
+    s = make_service("tasks.count=1000")
+    yield s
+    s.stop(grace=0)
+
+
+def _trajectories(svc, c, n: int, rng) -> list:
+    tasks = lease_all(c, n, tries=20)
+    trajs = [fake_trajectory(t, i, svc.vocab_size, rng) for t in tasks for i in t.sample_indices]
+    assert len(trajs) >= n
+    return trajs[:n]
+
+
+def _with(traj, reward=None, parts=()):
+    if reward is not None:
+        traj.reward = reward
+    for name, value in parts:
+        traj.reward_parts.add(name=name, value=value)
+    return traj
+
+
+def test_submit_and_stream_refuse_rewards_out_of_range(svc):
+    rng = np.random.default_rng(0)
+    c = client(svc, capacity=64)
+    n_bad = len(BAD_REWARDS) + len(BAD_PARTS)
+    trajs = _trajectories(svc, c, 2 * n_bad + 2 * len(GOOD_REWARDS), rng)
+    bad = ([_with(t, reward=r) for t, r in zip(trajs, BAD_REWARDS, strict=False)]
+           + [_with(t, parts=[p]) for t, p in zip(trajs[len(BAD_REWARDS):], BAD_PARTS, strict=False)])
+    unary = [c.submit(t) for t in bad]  # Submit
+    stream_bad = [_with(t, reward=r) for t, r in zip(trajs[n_bad:], BAD_REWARDS, strict=False)] + \
+        [_with(t, parts=[p]) for t, p in zip(trajs[n_bad + len(BAD_REWARDS):], BAD_PARTS, strict=False)]
+    streamed = c.submit_many(stream_bad)  # SubmitStream
+    for results in (unary, streamed):
+        assert len(results) == n_bad
+        for r, value in zip(results, [*BAD_REWARDS, *(v for _, v in BAD_PARTS)], strict=True):
+            assert r.code == grpc.StatusCode.INVALID_ARGUMENT and "out_of_range" in r.reason, (value, r)
+        assert all(r.reason.startswith("reward: ") for r in results[:len(BAD_REWARDS)])
+        assert all(r.reason.startswith("reward_parts: ") for r in results[len(BAD_REWARDS):])
+    # What crossed the wire is float32: 1e308 arrives as inf, 3e38 as itself (finite in float32).
+    assert "is inf" in unary[0].reason and "is 3e+38" in unary[1].reason
+    rest = trajs[2 * n_bad:]
+    good = [_with(t, reward=r, parts=[("p", r)]) for t, r in zip(rest, GOOD_REWARDS * 2, strict=True)]
+    ok = [c.submit(t) for t in good[:len(GOOD_REWARDS)]] + c.submit_many(good[len(GOOD_REWARDS):])
+    assert all(r.accepted for r in ok), [r.reason for r in ok if not r.accepted]
+    s = svc.status()
+    mine = [x for x in s["samplers"] if x["name"] == c.name][0]
+    assert mine["rejected"] == 2 * n_bad and s["totals"]["rejected"] == 2 * n_bad
+    assert mine["rejections"] == {"reward": 2 * len(BAD_REWARDS), "reward_parts": 2 * len(BAD_PARTS)}
+    assert mine["accepted"] == len(good)
+    # Parts kept as sent: -0.0 keeps its sign, the subnormal survives float32.
+    kept = [t for g in svc.buffer.take_groups(100, timeout=0) for t in g.trajectories]
+    parts = sorted(t.reward_parts["p"] for t in kept)
+    assert parts[0] == -1e6 and parts[-1] == 1e6 and any(p == 0 and math.copysign(1, p) < 0 for p in parts)
+    assert any(0 < p < 1e-44 for p in parts)
+
+
+def test_the_limit_comes_from_the_config():
+    svc = make_service("service.limits.max_abs_reward=10", "tasks.count=100")
+    try:
+        _limit_of_ten(svc)
+    finally:
+        svc.stop(grace=0)
+
+
+def _limit_of_ten(svc):
+    c = client(svc, capacity=8)
+    trajs = _trajectories(svc, c, 4, np.random.default_rng(1))
+    results = [c.submit(_with(trajs[0], reward=10.0)), c.submit(_with(trajs[1], reward=-10.5)),
+               c.submit(_with(trajs[2], parts=[("x", 11.0)])), c.submit(_with(trajs[3], reward=-10.0))]
+    assert [r.accepted for r in results] == [True, False, False, True]
+    assert "at most 10 in magnitude (service.limits.max_abs_reward)" in results[1].reason
+
+
+@pytest.mark.parametrize("value", ["0", "-1", ".inf", ".nan", "'x'"])
+def test_max_abs_reward_must_be_a_positive_finite_number(value):
+    with pytest.raises(ConfigError, match="service.limits.max_abs_reward"):
+        load_config(None, [f"service.limits.max_abs_reward={value}"])
+    assert load_config(None, []).service.limits.max_abs_reward == 1e6
