@@ -116,6 +116,30 @@ class SandboxCgroup:
             _write(memsw, str(self.memory_bytes))
         _write(self.dirs["pids"] / "pids.max", str(self.max_pids))
 
+    @classmethod
+    def attach(cls, version: str, dirs: dict[str, Path]) -> SandboxCgroup:
+        """The cgroup(s) another process created (``version``, ``dirs``), to join, kill or read,
+        never to configure: a reward worker kills the cgroup its pool made for its calls."""
+        self = cls.__new__(cls)
+        self.version, self.dirs = version, {key: Path(d) for key, d in dirs.items()}
+        self.memory_bytes = self.max_pids = 0
+        return self
+
+    def oom_kills(self) -> int:
+        """How many processes the kernel's OOM killer has killed in this cgroup so far (v2
+        ``memory.events``, v1 ``memory.oom_control``; 0 where the kernel does not say)."""
+        key = "unified" if self.version == "v2" else "memory"
+        name = "memory.events" if self.version == "v2" else "memory.oom_control"
+        try:
+            lines = (self.dirs[key] / name).read_text().splitlines()
+        except (OSError, KeyError):
+            return 0
+        for line in lines:
+            field, _, value = line.partition(" ")
+            if field == "oom_kill" and value.strip().isdigit():
+                return int(value)
+        return 0
+
     @property
     def procs_files(self) -> list[Path]:
         """Where a process writes its pid to join this sandbox's cgroup(s)."""

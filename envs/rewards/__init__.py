@@ -14,6 +14,7 @@ import logging
 import math
 import os
 import queue
+import secrets
 import select
 import signal
 import subprocess
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from envs.rewards.builtin import BUILTINS
+from envs.rewards.call_isolation import Plan, WorkerJail, closed_paths, needed_paths, plan
 
 log = logging.getLogger(__name__)
 #: At most this many metrics beside ``reward`` in one answer (``envs.rewards.worker`` enforces it).
@@ -57,13 +59,24 @@ class RewardResult:
     error: str | None = None  # the exception, or "timeout after N s"
     timed_out: bool = False
     # Why it scored 0 (a short metric name: timeout, exception, memory, crashed, exited, forked,
-    # stray_output, bad_return, load, worker_died, protocol, too_large), None when it did not fail.
+    # stray_output, bad_return, out_of_range, load, isolation, worker_died, protocol, too_large),
+    # None when it did not fail.
     reason: str | None = None
 
 
 _GRACE_S = 5.0  # how much longer than a call's timeout the pool waits for its supervisor
 _LOAD_GRACE_S = 60.0  # the same, for a call that first imports the function
 _MAX_ANSWER_BYTES = 1024**2
+_warned: set[str] = set()  # lines this process has logged once already (one per host situation)
+_warned_lock = threading.Lock()
+
+
+def _warn_once(line: str) -> None:
+    with _warned_lock:
+        if line in _warned:
+            return
+        _warned.add(line)
+    log.warning("%s", line)
 
 
 class _WorkerFailed(Exception):
@@ -81,13 +94,21 @@ class _Worker:
     """One supervisor process (``envs.rewards.worker``): requests on its stdin, answers on its
     stdout, one answer per request, matched by id."""
 
-    def __init__(self):
+    def __init__(self, plan: Plan, memory_bytes: int):
+        # What the calls run in (a uid and a cgroup for this worker's life, where the plan has them):
+        # held here, so that killing this worker kills its calls' cgroup whatever the worker did.
+        self.jail = WorkerJail(plan, memory_bytes)
         # The project root first, then the trainer's own path: the user's module must import in
         # the worker as it does in the trainer.
         path = [_ROOT, *(p or os.getcwd() for p in sys.path)]
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(dict.fromkeys(path)))
-        self.proc = subprocess.Popen([sys.executable, "-m", "envs.rewards.worker"], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, env=env, start_new_session=True)
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "envs.rewards.worker", "--jail", self.jail.argument(memory_bytes)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, start_new_session=True)
+        except BaseException:
+            self.jail.release()
+            raise
         # Requests are written without blocking, a slice at a time, inside the call's deadline: a
         # worker that stops reading cannot hold the caller past it (a blocking write of a request
         # over the pipe's 64 KiB did, for ever).
@@ -110,7 +131,10 @@ class _Worker:
 
     def _call(self, request: dict, timeout: float) -> dict | None:
         deadline = time.monotonic() + timeout
-        line = json.dumps({**request, "id": self._next_id + 1}, default=str).encode()
+        # A fresh nonce per request, echoed in the answer: a line another process managed to put
+        # on the answer pipe (a call running as the trainer's user, in the fallback) lacks it.
+        nonce = secrets.token_hex(16)
+        line = json.dumps({**request, "id": self._next_id + 1, "nonce": nonce}, default=str).encode()
         if len(line) > MAX_REQUEST_BYTES:
             raise _TooLarge(f"the reward request is {len(line)} bytes, over MAX_REQUEST_BYTES "
                             f"({MAX_REQUEST_BYTES}): not sent")
@@ -150,7 +174,8 @@ class _Worker:
             raise _WorkerFailed("protocol", f"reward worker answered {line[:60]!r}") from None
         if isinstance(answer, dict) and answer.get("id") is None and answer.get("reason") == "too_large":
             raise _WorkerFailed("too_large", str(answer.get("error")))  # the worker exits after it
-        if not isinstance(answer, dict) or answer.get("id") != rid or self._buf or unsent:
+        if not isinstance(answer, dict) or answer.get("id") != rid or answer.get("nonce") != nonce \
+                or self._buf or unsent:
             raise _WorkerFailed("protocol", f"reward worker answered request {answer.get('id')!r} "
                                 f"to request {rid}" if isinstance(answer, dict) else "not an object")
         return answer
@@ -166,12 +191,14 @@ class _Worker:
                 return 0
 
     def kill(self) -> None:
-        """Kill the supervisor and its process group (its calls' children die with it)."""
+        """Kill the supervisor and its process group, then its calls' cgroup and uid: nothing a
+        call started survives, a setsid'd process that cleared its death signal included."""
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
         self.proc.wait()
+        self.jail.release()
         # A thread reading the answer sees EOF and closes its pipe itself (never a reused fd).
         self._close_stdin()
         if not self.busy:
@@ -212,20 +239,36 @@ def _valid_answer(answer: dict) -> tuple[float, dict[str, float]]:
 class RewardPool:
     """``workers`` processes scoring calls with a ``timeout_s`` limit each; thread-safe.
 
-    ``memory_bytes``: the address-space limit of each call (``RLIMIT_AS``; 0 for none).
-    Every call runs in a process of its own, forked from a worker that imported the function:
-    keep a function's expensive state at module level (loaded once), not in a cache it fills
-    on its first call (each call starts from the loaded module, not from the previous call).
+    ``memory_bytes``: the memory of each call (0 for none): its address space (``RLIMIT_AS``) and,
+    as root, its cgroup's limit, which counts ``/dev/shm`` and memfd files too.
+    ``max_abs_reward``: a reward or metric of larger magnitude scores 0 (``out_of_range``).
+    Every call runs in a process of its own, forked from a worker that imported the function, as
+    root under a uid of its own in a cgroup (``envs.rewards.call_isolation``; one warning line at
+    start names what this host cannot enforce): keep a function's expensive state at module level
+    (loaded once), not in a cache it fills on its first call (each call starts from the loaded
+    module, not from the previous call).
     """
 
     def __init__(self, spec: str, *, workers: int = 2, timeout_s: float = 10.0,
-                 memory_bytes: int = 4 * 1024**3):
+                 memory_bytes: int = 4 * 1024**3, max_abs_reward: float = 1e6):
         self.spec = check_reward_spec(spec)
         if workers < 1 or timeout_s <= 0 or memory_bytes < 0:
             raise ValueError(f"reward pool: workers must be >= 1, timeout > 0 and memory >= 0, got "
                              f"{workers}, {timeout_s}, {memory_bytes}")
+        if isinstance(max_abs_reward, bool) or not isinstance(max_abs_reward, int | float) \
+                or not max_abs_reward > 0 or not math.isfinite(max_abs_reward):
+            raise ValueError(f"reward pool: max_abs_reward must be a finite number > 0, "
+                             f"got {max_abs_reward!r}")
         self.timeout_s = timeout_s
         self.memory_bytes = memory_bytes
+        self.max_abs_reward = float(max_abs_reward)
+        self.plan = plan()
+        if (line := self.plan.warning()) is not None:
+            _warn_once(line)
+        if self.plan.uid and (closed := closed_paths(needed_paths())):
+            _warn_once(f"reward calls run under uids of their own, which cannot read {', '.join(closed[:3])} "
+                       "(closed to others): a module imported lazily, or a file opened, from there fails "
+                       "in the call; open the directory to others or import at module level")
         self._idle: queue.LifoQueue[_Worker | None] = queue.LifoQueue()
         for _ in range(workers):
             self._idle.put(None)  # started on first use
@@ -236,7 +279,10 @@ class RewardPool:
 
     def check(self, timeout_s: float = 60.0) -> None:
         """Import the function in a worker now: a bad name is one error line at startup."""
-        worker = self._take()
+        try:
+            worker = self._take()
+        except _WorkerFailed as e:
+            raise ValueError(f"reward {self.spec!r} cannot be loaded: {e}") from None
         try:
             answer = worker.call({"check": self.spec}, timeout_s)
         except _WorkerFailed as e:
@@ -252,15 +298,22 @@ class RewardPool:
         worker.loaded.add(self.spec)
 
     def _take(self) -> _Worker:
+        """An idle worker, started if need be; ``_WorkerFailed`` (reason ``isolation``, the slot
+        given back) when its uid or cgroup cannot be had."""
         worker = self._idle.get()
         if worker is None or worker.proc.poll() is not None:
             if worker is not None:
                 self._drop(worker)
-            worker = _Worker()
+            try:
+                worker = _Worker(self.plan, self.memory_bytes)
+            except (OSError, RuntimeError, ValueError) as e:  # CgroupError, UidsExhausted, a bad range
+                self._idle.put(None)
+                raise _WorkerFailed("isolation", f"cannot start a reward worker's isolation: {e}") from None
             with self._lock:
                 self._all.add(worker)
             if self.closed:  # closed meanwhile: never leave a process behind
                 self._drop(worker)
+                self._idle.put(None)
                 raise RuntimeError("reward pool is closed")
         return worker
 
@@ -273,7 +326,10 @@ class RewardPool:
         """Call the reward by keyword; any failure scores 0 with a reason (first message logged)."""
         request = {"fn": self.spec, "kwargs": kwargs, "timeout_s": self.timeout_s,
                    "memory_bytes": self.memory_bytes}
-        worker = self._take()
+        try:
+            worker = self._take()
+        except _WorkerFailed as e:
+            return self._failed(e.reason, str(e))
         grace = _GRACE_S if self.spec in worker.loaded else _LOAD_GRACE_S
         t0 = time.monotonic()
         try:
@@ -287,6 +343,11 @@ class RewardPool:
                 reason = answer.get("reason") if isinstance(answer.get("reason"), str) else "protocol"
                 return self._failed(reason, str(answer.get("error")))
             reward, metrics = _valid_answer(answer)
+            big = [(k, v) for k, v in [("reward", reward), *metrics.items()] if abs(v) > self.max_abs_reward]
+            if big:
+                name, value = big[0]
+                return self._failed("out_of_range", f"the reward function returned {name} = {value:g}, "
+                                    f"beyond max_abs_reward ({self.max_abs_reward:g})")
             return RewardResult(reward, metrics)
         except _TooLarge as e:  # nothing was sent: the worker serves on
             return self._failed("too_large", str(e))

@@ -8,33 +8,42 @@ The pool (``envs.rewards.RewardPool``) writes one JSON request per line on the w
 is answered ``{"id": null, "ok": false, "reason": "too_large", ...}`` before the rest of it is read,
 and the worker exits (the pool checks the size before it writes, so it never sends one).
 
-Why every call runs in a child forked for it, not in this process: the user's function is code
-we do not control. Run in the process that holds the channel to the pool, a function that forks
-returns twice (two answers for one request: every later reward lands on the wrong completion),
-and one that writes to an inherited descriptor can answer requests it was never asked. So this
+Why every call runs in a child forked for it, not in this process: the reward function, the
+built-ins included, grades model output, which is hostile. Run in the process that holds the
+channel to the pool, a function that forks returns twice (two answers for one request: every
+later reward lands on the wrong completion), one that writes to an inherited descriptor can answer
+requests it was never asked, and a parser tricked into running code owns the channel. So this
 process only imports the function (once: the children inherit the loaded module) and supervises.
-The child it forks per call
+It is not dumpable (``PR_SET_DUMPABLE`` 0): a call cannot open ``/proc/<this>/fd/*`` (the channel),
+read its memory or ptrace it, even as the same user. The child it forks per call
 
+- runs in what the pool set up for this worker (``envs.rewards.call_isolation``; as root): its own
+  uid, a memory + pids cgroup (``memory_bytes`` counts shmem and memfd there), a private
+  ``/dev/shm`` and IPC namespace, ``no_new_privs``. A different uid cannot signal the trainer or
+  the workers, nor leave the cgroup. The built-in ``code`` keeps root (``ROOT_CALLS``): it starts
+  the namespace sandbox, which needs root, and runs only our harness; the reply runs in the jail;
 - holds no descriptor of the channel: everything but stdin (``/dev/null``), stdout/stderr (the
   worker's stderr) and a fresh result pipe is closed before the function runs;
 - has an address-space limit (``memory_bytes``, ``RLIMIT_AS``): a 20 GB allocation is a
-  ``MemoryError`` (reason ``memory``), not the host's OOM killer;
-- dies with this process (``PR_SET_PDEATHSIG``), and everything it starts is reaped here when the
-  call ends: this process is a child subreaper, so orphaned descendants become its children and
-  are killed until none is left (a ``setsid`` does not escape);
-- reports on the pipe, one line per process that returns from the function: a forked copy that
-  returns is reported as ``forked`` (the caller waits for the copies it forked with ``os.fork``
-  before it answers, so the report is never lost to a race), and anything on the pipe but exactly one
-  well-formed line is ``stray_output``.
+  ``MemoryError`` (reason ``memory``), not the host's OOM killer; an OOM kill in its cgroup is
+  ``memory`` too;
+- dies with this process (``PR_SET_PDEATHSIG``), and everything it starts is killed when the call
+  ends: its cgroup is killed, and this process is a child subreaper, so orphaned descendants become
+  its children and are killed until none is left (a ``setsid`` does not escape);
+- reports on the pipe, one line per process that returns from the function, each carrying the
+  call's random nonce: a forked copy that returns is reported as ``forked`` (the caller waits for
+  the copies it forked with ``os.fork`` before it answers, so the report is never lost to a race),
+  and anything on the pipe but exactly one well-formed line with the nonce is ``stray_output``.
 
 The supervisor enforces ``timeout_s`` itself (``timeout``) and re-validates the value (a finite
 float reward, at most ``MAX_METRICS`` finite metrics, the line at most ``MAX_RESULT_BYTES``) before
-it answers. A child that dies without answering is ``crashed`` (a signal: a segfault, a kill) or
-``exited`` (``os._exit`` without returning). The module's import-time code is the one thing that
-runs here, once, as configuration (``RewardPool.check`` does it at startup); so do the calls of
-the built-ins we wrote that are cheaper than a fork (``builtin.INLINE``: ``math``, ``exact``).
-Only a ``setsid``'d grandchild that clears its death signal outlives a worker killed with SIGKILL
-mid-call (the pool does that only if this supervisor itself stops answering).
+it answers; a value that is not finite is ``out_of_range``. A child that dies without answering is
+``crashed`` (a signal: a segfault, a kill) or ``exited`` (``os._exit`` without returning). The
+module's import-time code is the one thing that runs here, once, as configuration
+(``RewardPool.check`` does it at startup). Without root (or with ``MIXRL_REWARD_ISOLATION=fork``)
+there is no uid, cgroup or namespace; then a ``setsid``'d grandchild that clears its death signal
+outlives a worker killed with SIGKILL mid-call (the pool does that only if this supervisor itself
+stops answering).
 """
 
 from __future__ import annotations
@@ -45,6 +54,7 @@ import json
 import math
 import os
 import resource
+import secrets
 import select
 import signal
 import sys
@@ -52,11 +62,15 @@ import time
 from collections.abc import Callable
 
 from envs.rewards import DEADLINE_ENV, MAX_METRICS, MAX_REQUEST_BYTES
-from envs.rewards.builtin import BUILTINS, INLINE, WARM
+from envs.rewards.builtin import BUILTINS, WARM
+from envs.rewards.call_isolation import CallJail, IsolationError
 
 MAX_RESULT_BYTES = 64 * 1024
 MAX_KEY_CHARS = 100
-PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER = 1, 36
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER = 1, 4, 36
+# Calls that keep root in their child: ``code`` starts the namespace sandbox (root only) and runs
+# only our harness there; the reply's code runs in the jail as the sandbox's uid.
+ROOT_CALLS = ("code", BUILTINS["code"])
 TERM_GRACE_S = 1.0
 
 
@@ -73,9 +87,24 @@ def resolve(spec: str) -> Callable:
     return fn
 
 
+class OutOfRange(ValueError):
+    """A reward or metric that is not a finite float (NaN, inf, an int past float's range)."""
+
+
+def _finite(name: str, value) -> float:
+    try:
+        number = float(value)
+    except OverflowError:
+        raise OutOfRange(f"reward function returned {name} = an int of {len(str(value))} digits") from None
+    if not math.isfinite(number):
+        raise OutOfRange(f"reward function returned {name} = {number}")
+    return number
+
+
 def normalise(value) -> dict:
     """``{"reward": float, "metrics": {name: float}}`` from a float or a dict with ``reward``;
-    ValueError/TypeError for anything else (NaN, text, a dict without ``reward`` or too large)."""
+    ``OutOfRange`` for a value that is not finite, ValueError/TypeError for anything else (text, a
+    dict without ``reward`` or too large)."""
     metrics = {}
     if isinstance(value, dict):
         if "reward" not in value:
@@ -84,17 +113,15 @@ def normalise(value) -> dict:
         if len(value) > MAX_METRICS + 1:
             raise ValueError(f"reward function returned a dict of {len(value)} keys "
                              f"(at most {MAX_METRICS + 1})")
-        metrics = {str(k): float(v) for k, v in value.items()
+        metrics = {str(k): v for k, v in value.items()
                    if k != "reward" and isinstance(v, int | float) and not isinstance(v, bool)}
         if any(len(k) > MAX_KEY_CHARS for k in metrics):
             raise ValueError(f"reward function returned a metric name over {MAX_KEY_CHARS} characters")
+        metrics = {k: _finite(f"metric {k!r}", v) for k, v in metrics.items()}
         value = value["reward"]
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise TypeError(f"reward function returned {type(value).__name__}, not a float")
-    reward = float(value)
-    if not math.isfinite(reward):
-        raise ValueError(f"reward function returned {reward}")
-    return {"reward": reward, "metrics": {k: v for k, v in metrics.items() if math.isfinite(v)}}
+    return {"reward": _finite("reward", value), "metrics": metrics}
 
 
 def _prctl(option: int, arg: int) -> None:
@@ -117,20 +144,12 @@ def _report(fd: int, frame: dict) -> None:
         data = data[os.write(fd, data):]
 
 
-class _Alarm(BaseException):  # not an Exception: a broad "except Exception" must not eat it
-    pass
-
-
-def _alarm(signum, frame):
-    raise _Alarm()
-
-
 def _terminate(signum, frame):
     raise SystemExit(f"the call ran past its timeout (signal {signum})")
 
 
 def _child(fn: Callable, kwargs: dict, out: int, memory_bytes: int, supervisor: int,
-           timeout_s: float) -> None:
+           timeout_s: float, nonce: str, jail: CallJail, keep_root: bool) -> None:
     """Run the function once and report on ``out``; never returns (``os._exit``)."""
     try:
         _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -142,6 +161,15 @@ def _child(fn: Callable, kwargs: dict, out: int, memory_bytes: int, supervisor: 
         os.environ[DEADLINE_ENV] = repr(time.time() + timeout_s)
         os.closerange(3, out)
         os.closerange(out + 1, os.sysconf("SC_OPEN_MAX"))
+        try:
+            jail.enter(keep_root=keep_root)
+        except IsolationError as e:
+            _report(out, {"nonce": nonce, **_error("isolation", f"the call's isolation failed: {e}")})
+            os._exit(0)
+        _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # a change of uid cleared it
+        if os.getppid() != supervisor:
+            os._exit(1)
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # no core file of a crash in the trainer's cwd
         if memory_bytes:
             resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
         me, forked, real_fork = os.getpid(), [], os.fork
@@ -162,7 +190,7 @@ def _child(fn: Callable, kwargs: dict, out: int, memory_bytes: int, supervisor: 
         else:
             frame = None
         if os.getpid() != me:  # a copy the function forked returned from it
-            _report(out, {"forked": True})
+            _report(out, {"nonce": nonce, "forked": True})
             os._exit(0)
         for pid in forked:  # wait for the copies it forked: a returning one reports before we answer
             try:
@@ -172,9 +200,11 @@ def _child(fn: Callable, kwargs: dict, out: int, memory_bytes: int, supervisor: 
         if frame is None:
             try:
                 frame = {"ok": True, "value": normalise(value)}
-            except (TypeError, ValueError, OverflowError) as e:
+            except OutOfRange as e:
+                frame = _error("out_of_range", str(e))
+            except (TypeError, ValueError) as e:
                 frame = _error("bad_return", f"{type(e).__name__}: {e}")
-        _report(out, frame)
+        _report(out, {"nonce": nonce, **frame})
     finally:
         os._exit(0)
 
@@ -246,7 +276,11 @@ def kill_descendants() -> None:
 class Supervisor:
     """This process's side: the channel to the pool and the calls' children."""
 
-    def __init__(self):
+    def __init__(self, jail: CallJail | None = None):
+        # Not dumpable: /proc/<this>/fd (the channel), /proc/<this>/mem and ptrace are closed to
+        # the calls, even to one running as this user (the fallback without a uid of its own).
+        _prctl(PR_SET_DUMPABLE, 0)
+        self.jail = jail or CallJail()
         self.channel_in = os.dup(0)
         self.channel_out = os.dup(1)
         os.set_inheritable(self.channel_in, False)
@@ -298,47 +332,28 @@ class Supervisor:
         while data:
             data = data[os.write(self.channel_out, data):]
 
-    def call_inline(self, fn: Callable, kwargs: dict, timeout_s: float, memory_bytes: int) -> dict:
-        """A trusted built-in (``INLINE``) called in this process: its timeout is a SIGALRM here
-        (the pool kills the worker if a C loop ignores it), its memory limit this process's."""
-        previous = signal.signal(signal.SIGALRM, _alarm)
-        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-        try:
-            if memory_bytes:
-                limit = memory_bytes if hard == resource.RLIM_INFINITY else min(memory_bytes, hard)
-                resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
-            signal.setitimer(signal.ITIMER_REAL, timeout_s)
-            try:
-                value = fn(**kwargs)
-            finally:
-                signal.setitimer(signal.ITIMER_REAL, 0)
-        except _Alarm:
-            return _error("timeout", f"timeout after {timeout_s:.1f} s")
-        except MemoryError:
-            return _error("memory", "MemoryError: the call exceeded its memory limit")
-        except Exception as e:  # noqa: BLE001 - the call's failure is its answer
-            return _error("exception", f"{type(e).__name__}: {e}")
-        finally:
-            resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
-            signal.signal(signal.SIGALRM, previous)
-        try:
-            return {"ok": True, "value": normalise(value)}
-        except (TypeError, ValueError, OverflowError) as e:
-            return _error("bad_return", f"{type(e).__name__}: {e}")
-
-    def call(self, fn: Callable, kwargs: dict, timeout_s: float, memory_bytes: int) -> dict:
+    def call(self, fn: Callable, kwargs: dict, timeout_s: float, memory_bytes: int,
+             keep_root: bool = False) -> dict:
+        nonce = secrets.token_hex(16)  # made now: the child of an earlier call never saw it
+        ooms = self.jail.oom_kills()
         r, w = os.pipe()
         pid = os.fork()
         if pid == 0:
             os.close(r)
-            _child(fn, kwargs, w, memory_bytes, os.getppid(), timeout_s)
+            _child(fn, kwargs, w, memory_bytes, os.getppid(), timeout_s, nonce, self.jail, keep_root)
         os.close(w)
         try:
-            return self._collect(pid, r, timeout_s)
+            answer = self._collect(pid, r, timeout_s, nonce)
         finally:
             os.close(r)
+        if self.jail.oom_kills() > ooms and answer.get("reason") != "timeout":
+            # The kernel killed a process of the call for the cgroup's limit: whatever the call
+            # answered (a child of it may have been the one killed), it ran out of memory.
+            return _error("memory", f"the call's cgroup hit its memory limit ({memory_bytes} bytes: "
+                          "memory, /dev/shm and memfd files together); the kernel killed it")
+        return answer
 
-    def _collect(self, pid: int, r: int, timeout_s: float) -> dict:
+    def _collect(self, pid: int, r: int, timeout_s: float, nonce: str) -> dict:
         deadline = time.monotonic() + timeout_s
         pidfd = os.pidfd_open(pid)
         buf, status, outcome, eof = bytearray(), None, None, False
@@ -369,6 +384,7 @@ class Supervisor:
             os.close(pidfd)
         if status is None:
             status = _stop(pid)
+        self.jail.clear()  # the call's cgroup: whatever session or process group it moved to
         kill_descendants()  # nothing the call started survives it; every writer of r is gone
         while outcome is None and len(buf) <= MAX_RESULT_BYTES:
             data = os.read(r, 65536)
@@ -379,10 +395,10 @@ class Supervisor:
             return outcome
         if len(buf) > MAX_RESULT_BYTES:
             return _error("stray_output", f"over {MAX_RESULT_BYTES} bytes on the result pipe")
-        return _verdict(bytes(buf), status)
+        return _verdict(bytes(buf), status, nonce)
 
 
-def _verdict(data: bytes, status: int) -> dict:
+def _verdict(data: bytes, status: int, nonce: str) -> dict:
     """The answer the call's pipe and exit status amount to (see the module docstring)."""
     frames = []
     for line in data.split(b"\n"):
@@ -394,6 +410,8 @@ def _verdict(data: bytes, status: int) -> dict:
             return _error("stray_output", f"unexpected bytes on the result pipe: {line[:60]!r}")
         if not isinstance(frame, dict):
             return _error("stray_output", f"unexpected data on the result pipe: {line[:60]!r}")
+        if frame.pop("nonce", None) != nonce:  # written by something other than this call's child
+            return _error("stray_output", f"a result without the call's nonce: {line[:60]!r}")
         frames.append(frame)
     if any(f.get("forked") for f in frames):
         return _error("forked", "a process the reward function forked returned from it "
@@ -413,6 +431,8 @@ def _verdict(data: bytes, status: int) -> dict:
             if not isinstance(value, dict) or not isinstance(value.get("metrics"), dict):
                 raise TypeError("not a reward/metrics pair")
             return {"ok": True, "value": normalise({**value["metrics"], "reward": value["reward"]})}
+        except OutOfRange as e:
+            return _error("out_of_range", str(e))
         except (TypeError, ValueError, KeyError) as e:
             return _error("stray_output", f"a malformed result on the result pipe ({e})")
     if frame.get("ok") is False and isinstance(frame.get("reason"), str) \
@@ -421,8 +441,10 @@ def _verdict(data: bytes, status: int) -> dict:
     return _error("stray_output", "a malformed result on the result pipe")
 
 
-def main() -> None:
-    sup = Supervisor()
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    jail = CallJail.from_argument(argv[1] if argv[:1] == ["--jail"] and len(argv) > 1 else None)
+    sup = Supervisor(jail)
     for request in sup.requests():
         rid = request.get("id") if isinstance(request, dict) else None
         try:
@@ -433,13 +455,16 @@ def main() -> None:
                 spec = request["fn"]
                 if spec not in sup.functions:
                     sup.functions[spec] = resolve(spec)
-                call = sup.call_inline if spec in INLINE else sup.call
-                answer = call(sup.functions[spec], request.get("kwargs", {}),
-                              float(request["timeout_s"]), int(request.get("memory_bytes") or 0))
+                answer = sup.call(sup.functions[spec], request.get("kwargs", {}), float(request["timeout_s"]),
+                                  int(request.get("memory_bytes") or 0), keep_root=spec in ROOT_CALLS)
         except Exception as e:  # noqa: BLE001 - an import failure is the request's error, not ours
             answer = _error("load", f"{type(e).__name__}: {e}")
-        sup.answer({"id": rid, **answer})
+        # The pool's per-request nonce goes back with the answer: a line that some other process
+        # put on the pool's pipe cannot carry it.
+        nonce = request.get("nonce") if isinstance(request, dict) else None
+        sup.answer({"id": rid, **({"nonce": nonce} if nonce is not None else {}), **answer})
     kill_descendants()
+    sup.jail.clear()
 
 
 if __name__ == "__main__":

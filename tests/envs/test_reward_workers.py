@@ -6,6 +6,8 @@ One real pool (``envs.rewards.RewardPool``, real worker processes) serves every 
 (``hostile_rewards:hostile``) does what the row's ``do`` says."""
 
 import os
+import shutil
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -31,6 +33,16 @@ def pool():
     finally:
         pool.close()
         mp.undo()
+
+
+@pytest.fixture
+def shared_dir():
+    """A directory every uid can write (sticky, like /tmp): calls run under uids of their own as
+    root, and pytest's tmp_path (under a 0700 directory) is root's alone."""
+    path = Path(tempfile.mkdtemp(prefix="mixrl-reward-test-"))
+    path.chmod(0o1777)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def _score(pool, **task):
@@ -67,7 +79,7 @@ def test_writes_to_every_descriptor_cannot_forge_a_reward(pool):
     ({"do": "segfaults"}, "crashed"),
     ({"do": "exits"}, "exited"),
     ({"do": "allocates", "bytes": 20 * 1024**3}, "memory"),  # 20 GB against the 1 GiB limit
-    ({"do": "returns", "kind": "nan"}, "bad_return"),
+    ({"do": "returns", "kind": "nan"}, "out_of_range"),
     ({"do": "returns", "kind": "text"}, "bad_return"),
     ({"do": "returns", "kind": "huge"}, "bad_return"),
     ({"do": "returns", "kind": "bool"}, "bad_return"),
@@ -81,8 +93,8 @@ def test_each_failure_scores_zero_with_its_reason_and_the_pool_recovers(pool, ta
     assert _score(pool, do="allocates", bytes=10 * 1024**2, r=0.5).reward == 0.5  # within the limit
 
 
-def test_processes_a_call_starts_die_with_the_call(pool, tmp_path):
-    pids_file = tmp_path / "pids"
+def test_processes_a_call_starts_die_with_the_call(pool, shared_dir):
+    pids_file = shared_dir / "pids"
     r = _score(pool, do="leaves_children", r=0.75, pids_file=str(pids_file))
     assert r.reward == 0.75 and r.reason is None
     pids = [int(p) for p in pids_file.read_text().split()]
@@ -94,14 +106,14 @@ def test_processes_a_call_starts_die_with_the_call(pool, tmp_path):
     assert _wait_dead([int(p) for p in pids_file.read_text().split()]) == []
     assert _score(pool, r=0.5).reward == 0.5  # the same worker serves on: no re-import
     # A call past its timeout is asked to stop first: its finally blocks (a sandbox's close()) run.
-    r = _score(pool, do="cleans_up", marker=str(tmp_path / "closed"))
-    assert r.reason == "timeout" and (tmp_path / "closed").read_text() == "closed"
+    r = _score(pool, do="cleans_up", marker=str(shared_dir / "closed"))
+    assert r.reason == "timeout" and (shared_dir / "closed").read_text() == "closed"
 
 
-def test_closing_the_pool_kills_a_running_call_and_everything_it_started(tmp_path, monkeypatch):
+def test_closing_the_pool_kills_a_running_call_and_everything_it_started(shared_dir, monkeypatch):
     monkeypatch.syspath_prepend(str(HERE))
     pool = RewardPool("hostile_rewards:hostile", workers=1, timeout_s=60)
-    pids_file = tmp_path / "pids"
+    pids_file = shared_dir / "pids"
     done = {}
     thread = threading.Thread(target=lambda: done.update(r=_score(
         pool, do="leaves_children", hang=True, r=1.0, pids_file=str(pids_file))))
