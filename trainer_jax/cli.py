@@ -49,6 +49,14 @@ def _main_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _one_line(e: BaseException) -> str:
+    """An error as one line of rich markup showing its text as is (``groups[bf16]`` would
+    otherwise be read as a style tag and vanish)."""
+    from rich.markup import escape
+
+    return escape(" ".join(str(e).split()))
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # soft_wrap: every message stays one line however long its paths (off a terminal rich would
@@ -79,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             overrides = plan_overrides(args.config, args.plan) + overrides
         except PlanError as e:
-            Console(stderr=True, soft_wrap=True).print(f"[red]error:[/red] {e}", highlight=False)
+            Console(stderr=True, soft_wrap=True).print(f"[red]error:[/red] {_one_line(e)}", highlight=False)
             return 2
     if args.run_dir:
         overrides.append(f"run.dir={args.run_dir}")
@@ -97,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         check_host_devices(cfg)  # spawned groups' cuda:N against this host's GPUs
         check_config(cfg)  # a batch shape that drops samples, before JAX is imported
     except ConfigError as e:
-        errors.print(f"[red]error:[/red] {' '.join(str(e).split())}", highlight=False)
+        errors.print(f"[red]error:[/red] {_one_line(e)}", highlight=False)
         return 2
 
     from trainer_jax.train import train  # heavy imports after argument checks
@@ -113,10 +121,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         summary = train(cfg, resume=args.resume, console=console)
     except ConfigError as e:  # the config against the machine (mesh, platform): found at setup
-        errors.print(f"[red]error:[/red] {' '.join(str(e).split())}", highlight=False)
+        errors.print(f"[red]error:[/red] {_one_line(e)}", highlight=False)
         return 2
     except (CheckpointError, StorageError, OSError) as e:  # disk full, unwritable, corrupt: one line
-        console.print(f"[red]error:[/red] {' '.join(str(e).split())}")
+        console.print(f"[red]error:[/red] {_one_line(e)}")
         # Exit now: the run has closed what it owns, and library exit hooks (tensorboard's flush,
         # orbax's event loops) would fail again on the same disk and bury the line in tracebacks.
         sys.stdout.flush()

@@ -106,7 +106,7 @@ def check_host_devices(cfg: RunConfig, env: Mapping[str, str] = os.environ) -> N
         need = int(g.device.split(":")[1]) + 1 if ":" in g.device else 1
         if need > count:
             raise ConfigError(f"groups[{g.name}].device {g.device}: this host has {count} CUDA "
-                              f"device(s) ({how}); spawned samplers need {need} (use device: auto or "
+                              f"device(s) ({how}), so there is no {g.device} here (use device: auto or "
                               "cpu, an index below the count, or spawn: false for samplers elsewhere)")
 
 
