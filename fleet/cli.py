@@ -5,6 +5,7 @@
     mixrl-fleet status [--address RAY_ADDRESS] [--name NAME]
     mixrl-fleet down [--address RAY_ADDRESS] [--name NAME]
     mixrl-fleet render --target k8s|skypilot --config C --out DIR [--node-selector-key K]
+                       [--node-selector-value ACCELERATOR=VALUE ...]
     mixrl-fleet replica --trainer HOST:PORT -- MIXRL-SAMPLE-ARGS   (what a rendered replica runs)
 
 ``up`` starts (or, on a running fleet of that name, re-targets) the controller and returns once
@@ -63,6 +64,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="the trainer address the replicas join (default mixrl-trainer:50051)")
     r.add_argument("--node-selector-key", default="nvidia.com/gpu.product",
                    help="k8s node label whose value is the group's accelerator")
+    r.add_argument("--node-selector-value", action="append", default=[], metavar="ACCELERATOR=VALUE",
+                   help="k8s: the label value of the nodes with ACCELERATOR, when it is not the "
+                   "accelerator's name (e.g. H100=NVIDIA-H100-80GB-HBM3; repeatable)")
     r.add_argument("--image", default="mixrl:latest", help="k8s container image holding mixrl")
     r.add_argument("--token-secret", default="mixrl-token",
                    help="k8s Secret (key 'token') / SkyPilot secret name holding the bearer token")
@@ -106,15 +110,16 @@ def _connect(address: str):
     return ray
 
 
-def fleet_name(name: str | None, named: list[str]) -> str:
+def fleet_name(name: str | None, named: list[str]) -> str | None:
     """The fleet ``status`` / ``down`` act on: ``--name``, else the only fleet among ``named``
-    (the cluster's named actors in the namespace: controllers only). ``up`` names a fleet after
-    the config's ``run.name``, which these commands do not read; several fleets need ``--name``."""
+    (the cluster's named actors in the namespace: controllers only); None when there is none.
+    ``up`` names a fleet after the config's ``run.name``, which these commands do not read;
+    several fleets need ``--name``."""
     if name:
         return name
     if len(named) > 1:
         raise FleetError(f"{len(named)} fleets on this cluster ({', '.join(sorted(named))}): pass --name")
-    return named[0] if named else "run"
+    return named[0] if named else None
 
 
 def _controller(ray, name: str):
@@ -196,6 +201,10 @@ def _existing(args):
     only one); the controller is None, said in one line, when there is no such fleet."""
     ray = _connect(args.address)
     name = fleet_name(args.name, [] if args.name else ray.util.list_named_actors())
+    if name is None:  # e.g. after `down`: no --name asked for one, and none runs
+        print(f"mixrl-fleet: no fleet is running on this cluster (namespace {NAMESPACE}); "
+              "`mixrl-fleet up` starts one", file=sys.stderr)
+        return ray, name, None
     ctrl = _controller(ray, name)
     if ctrl is None:
         print(f"mixrl-fleet: no fleet named {name!r} on this cluster (namespace {NAMESPACE})",

@@ -10,6 +10,6 @@ from fleet.spec import FleetError
 def test_status_and_down_find_the_only_fleet_without_name():
     assert fleet_name(None, ["local_mixed"]) == "local_mixed"
     assert fleet_name("other", ["local_mixed"]) == "other"  # --name wins
-    assert fleet_name(None, []) == "run"  # none: the default, which then reports no such fleet
+    assert fleet_name(None, []) is None  # none runs: the commands say so (not "no fleet named 'run'")
     with pytest.raises(FleetError, match=r"2 fleets on this cluster \(a, b\): pass --name"):
         fleet_name(None, ["b", "a"])

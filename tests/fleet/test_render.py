@@ -121,3 +121,86 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
     assert _render(tmp_path, "skypilot", config=typo) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "procsses" in err, err
+
+
+@pytest.mark.parametrize("config", ["configs/gpu_host.yaml", "configs/tpu_slice.yaml"])
+def test_the_shipped_fleet_configs_render_gpu_requests_without_a_warning(tmp_path, capsys, config):
+    """Every group of the shipped multi-host configs asks for one GPU of its accelerator, in both
+    targets (the groups named their accelerators only in their names: `resources: {}`, no
+    selector, no SkyPilot accelerators, and no warning)."""
+    pytest.importorskip("kubernetes")
+    root = Path(__file__).parents[2]
+    groups = yaml.safe_load((root / config).read_text())["groups"]
+    assert groups and all(g["accelerator"] and g["resources"]["num_gpus"] == 1 for g in groups), groups
+    label = {g["accelerator"]: f"NVIDIA-{g['accelerator']}-label" for g in groups}
+    for target in ("k8s", "skypilot"):
+        extra = [a for acc, v in label.items() for a in ("--node-selector-value", f"{acc}={v}")]
+        assert main(["render", "--target", target, "--config", str(root / config), "--out",
+                     str(tmp_path / target), *(extra if target == "k8s" else [])]) == 0
+        assert capsys.readouterr().err == ""  # every group asks for an accelerator: no warning
+    deployments = sorted((tmp_path / "k8s").glob("*.yaml"))
+    tasks = sorted((tmp_path / "skypilot").glob("*.yaml"))
+    assert len(deployments) == len(tasks) == len(groups)
+    by_group = {g["name"]: g for g in groups}
+    for path in deployments:
+        doc = yaml.safe_load(path.read_text())
+        model, back = _k8s_model(doc)
+        assert back == doc
+        c = model.spec.template.spec.containers[0]
+        group = by_group[c.command[c.command.index("--group") + 1]]
+        assert c.resources.limits == {"nvidia.com/gpu": "1"}
+        selector = model.spec.template.spec.node_selector
+        assert selector == {"nvidia.com/gpu.product": label[group["accelerator"]]}
+    for path in tasks:
+        task = yaml.safe_load(path.read_text())
+        validate_skypilot(task)
+        group = by_group[task["run"].split("--group ")[1].split()[0]]
+        assert task["resources"]["accelerators"] == f"{group['accelerator']}:1"
+
+
+WARN = ("mixrl-fleet render: warning: group {} requests no accelerator (set its accelerator: and "
+        "resources.num_gpus, or accelerator: cpu): its replicas may be scheduled on any node\n")
+
+
+def test_an_accelerator_without_a_count_asks_for_one_and_none_warns_per_group(tmp_path, capsys):
+    pytest.importorskip("kubernetes")
+    groups = [{"name": "h100", "recipe": "bf16", "accelerator": "H100", "spawn": False},
+              {"name": "bare-a", "recipe": "bf16", "spawn": False},
+              {"name": "cpu", "recipe": "bf16", "accelerator": "cpu", "spawn": False},
+              {"name": "counted", "recipe": "bf16", "spawn": False, "resources": {"num_gpus": 2}},
+              {"name": "bare-b", "recipe": "bf16", "spawn": False, "processes": 3}]
+    config = {"run": {"name": "r"}, "groups": groups}
+    assert _render(tmp_path, "k8s", config=config) == 0
+    # one line per group that asks for nothing (explicit cpu is a choice; a bare count is a request)
+    assert capsys.readouterr().err == WARN.format("bare-a") + WARN.format("bare-b")
+    docs = {p.name.split(".")[0]: yaml.safe_load(p.read_text()) for p in (tmp_path / "k8s").glob("*.yaml")}
+    pods = {name[2:]: _k8s_model(doc)[0].spec.template.spec for name, doc in docs.items()}
+    assert pods["h100"].containers[0].resources.limits == {"nvidia.com/gpu": "1"}
+    assert pods["h100"].node_selector == {"nvidia.com/gpu.product": "H100"}
+    assert pods["counted"].containers[0].resources.limits == {"nvidia.com/gpu": "2"}
+    assert pods["counted"].node_selector is None
+    for bare in ("bare-a", "bare-b", "cpu"):
+        assert pods[bare].containers[0].resources.limits is None and pods[bare].node_selector is None
+    assert _render(tmp_path, "skypilot", config=config) == 0
+    assert capsys.readouterr().err == WARN.format("bare-a") + WARN.format("bare-b")
+    tasks = {p.name.split(".")[0][2:]: yaml.safe_load(p.read_text())
+             for p in (tmp_path / "skypilot").glob("*")}
+    assert tasks["h100"]["resources"] == {"accelerators": "H100:1"}
+    assert tasks["cpu"]["resources"] == tasks["bare-a"]["resources"] == {}
+
+
+def test_node_selector_values_map_accelerators_and_bad_ones_are_one_line(tmp_path, capsys):
+    config = {"groups": [{"name": "a", "recipe": "bf16", "spawn": False, "accelerator": "H100"},
+                         {"name": "b", "recipe": "bf16", "spawn": False, "accelerator": "A100"}]}
+    assert _render(tmp_path, "k8s", "--node-selector-value", "H100=NVIDIA-H100-80GB-HBM3", config=config) == 0
+    sel = {p.name: yaml.safe_load(p.read_text())["spec"]["template"]["spec"]["nodeSelector"]
+           for p in (tmp_path / "k8s").glob("*.yaml")}
+    assert sel == {"run-a.deployment.yaml": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
+                   "run-b.deployment.yaml": {"nvidia.com/gpu.product": "A100"}}  # unmapped: the name
+    capsys.readouterr()
+    for bad, says in ((["H100"], "expected ACCELERATOR=LABEL_VALUE"),
+                      (["B200=x"], "no group of the config has accelerator 'B200' (they have: A100, H100)"),
+                      (["H100=NVIDIA H100"], "'NVIDIA H100' is not a Kubernetes label value")):
+        assert _render(tmp_path, "k8s", "--node-selector-value", *bad, config=config) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and says in err, err
