@@ -14,6 +14,7 @@ from trainer_jax.objective import (
     IMPORTANCE_WEIGHTS,
     SCORE_CENTERING,
     ObjectiveConfig,
+    Ratios,
     Registry,
     TokenBatch,
     compute_advantages,
@@ -21,6 +22,7 @@ from trainer_jax.objective import (
     reduce_metrics,
     sum_metrics,
     token_terms,
+    weights,
 )
 
 # ---------------------------------------------------------------- registries / variants
@@ -38,7 +40,8 @@ def test_registry_register_get_and_errors():
         reg.register("a")(a)
     with pytest.raises(KeyError, match="unknown thing 'b'; registered: a"):
         reg.get("b")
-    assert set(IMPORTANCE_WEIGHTS.names()) == {"none", "tis", "mis"} == set(SCORE_CENTERING)
+    assert set(IMPORTANCE_WEIGHTS.names()) == {"none", "tis", "mis", "seq_tis", "seq_mis", "geo_mask"}
+    assert set(SCORE_CENTERING) == {"none", "tis", "mis", "geo_mask"}
     assert set(AGGREGATIONS) == {"token_mean", "seq_mean_token_mean", "constant"}
     assert set(ADVANTAGE_ESTIMATORS) == {"grpo", "grpo_mean"}
     for reg_ in (IMPORTANCE_WEIGHTS, SCORE_CENTERING, AGGREGATIONS, ADVANTAGE_ESTIMATORS):
@@ -46,14 +49,26 @@ def test_registry_register_get_and_errors():
             assert reg_.get(name).__doc__, f"{name} must state its math"
 
 
+def _token_weights(mode: str, r, cfg: ObjectiveConfig | None = None):
+    """A token mode's weights for ratios ``r`` (each token its own sample, all scored)."""
+    r = jnp.asarray(r, jnp.float32)
+    flat = r.reshape(-1)
+    ratios = Ratios(jnp.log(flat), jnp.ones(flat.shape, bool), jnp.arange(flat.shape[0]))
+    return IMPORTANCE_WEIGHTS.get(mode)(ratios, cfg or ObjectiveConfig()).weight.reshape(r.shape)
+
+
 def test_weights():
     r = jnp.array([0.1, 0.2, 1.0, 5.0, 6.0])
-    c = (0.2, 5.0)
-    np.testing.assert_array_equal(IMPORTANCE_WEIGHTS.get("none")(r, *c), np.ones(5))
-    np.testing.assert_allclose(IMPORTANCE_WEIGHTS.get("tis")(r, *c), [0.1, 0.2, 1.0, 5.0, 5.0])
-    np.testing.assert_allclose(IMPORTANCE_WEIGHTS.get("mis")(r, *c), [0.0, 0.2, 1.0, 5.0, 0.0])
+    # The plain functions of r, boundaries included (closed range).
+    np.testing.assert_allclose(weights.tis(r, 5.0), [0.1, 0.2, 1.0, 5.0, 5.0])
+    np.testing.assert_allclose(weights.mis(r, 0.2, 5.0), [0.0, 0.2, 1.0, 5.0, 0.0])
     # MIS never multiplies an infinite ratio by zero.
-    assert IMPORTANCE_WEIGHTS.get("mis")(jnp.array([jnp.inf]), *c)[0] == 0
+    assert weights.mis(jnp.array([jnp.inf]), 0.2, 5.0)[0] == 0
+    # Through the registry (which reads log r): away from the boundaries exp(log r) rounds.
+    r = jnp.array([0.1, 0.21, 1.0, 4.9, 6.0])
+    np.testing.assert_array_equal(_token_weights("none", r), np.ones(5))
+    np.testing.assert_allclose(_token_weights("tis", r), [0.1, 0.21, 1.0, 4.9, 5.0], rtol=1e-6)
+    np.testing.assert_allclose(_token_weights("mis", r), [0.0, 0.21, 1.0, 4.9, 0.0], rtol=1e-6)
 
 
 @pytest.mark.parametrize("mode", ["none", "tis", "mis"])
@@ -65,7 +80,10 @@ def test_centering_is_b_w_minus_rho_w_inv_rho_p(mode):
     r = p / b
     rho = jnp.asarray([[0.05], [0.19], [0.5], [1.0], [3.0], [7.0]], jnp.float32)
     c_min, c_max = 0.2, 5.0
-    w = IMPORTANCE_WEIGHTS.get(mode)
+
+    def w(x, c_min, c_max):
+        return _token_weights(mode, x, ObjectiveConfig(c_min=c_min, c_max=c_max))
+
     coef = SCORE_CENTERING.get(mode)(p, b, r, rho, c_min, c_max)
     np.testing.assert_allclose(
         coef, b * w(r, c_min, c_max) - rho * w(1 / rho, c_min, c_max) * p, rtol=1e-6, atol=1e-7

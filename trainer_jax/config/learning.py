@@ -74,10 +74,16 @@ class SFTConfig(_Strict):
 class ObjectiveConfig(BaseModel):
     """Which corrections the policy-gradient objective applies (docs/design.md section 4).
 
-    is_mode: token importance weight, a name in ``IMPORTANCE_WEIGHTS`` (none | tis | mis).
-    score_centering: subtract the exact head + rho-tail expectation C_t (see ``weights``).
+    is_mode: importance weight, a name in ``IMPORTANCE_WEIGHTS``: per token none | tis | mis, per
+        sample seq_tis | seq_mis | geo_mask (``trainer_jax.objective.weights``).
+    score_centering: subtract the exact head + rho-tail expectation C_t (see ``weights``); refused
+        with seq_tis / seq_mis (``CENTERING_REFUSED`` says why).
     top_p_replay: on tokens sampled with truncation, use p-hat = p / sum_S p on the kept set S.
-    c_min, c_max: the MIS range / TIS cap on r = p / b.
+    c_min, c_max: the MIS range / TIS cap on r = p / b (on R_s for seq_tis / seq_mis).
+    geo_min, geo_max: geo_mask keeps a sample when exp(mean_t log r_t) is in [geo_min, geo_max]
+        (defaults 0.8 and 1.25, symmetric in log: a sample whose average token ratio is off by
+        more than 25 %; the demo's fp4 groups average k3 ~0.1-0.2, so this drops their worst
+        samples, not the pool).
     aggregation: a name in ``AGGREGATIONS``; ``constant_normalizer`` is used by "constant".
     impl: linear-log-sum-exp kernel implementation (reference | xla | pallas), or ``auto``: the
         ``pallas`` where the device check passed it here (``kernels/checked.py``), else ``xla``.
@@ -97,6 +103,8 @@ class ObjectiveConfig(BaseModel):
     top_p_replay: bool = True
     c_min: float = Field(default=0.2, ge=0.0)
     c_max: float = Field(default=5.0, gt=0.0)
+    geo_min: float = Field(default=0.8, ge=0.0)
+    geo_max: float = Field(default=1.25, gt=0.0)
     aggregation: str = "token_mean"
     constant_normalizer: float = Field(default=1.0, gt=0.0)
     impl: str = "auto"
@@ -108,10 +116,10 @@ class ObjectiveConfig(BaseModel):
     @field_validator("is_mode")
     @classmethod
     def _known_mode(cls, v: str) -> str:
-        from trainer_jax.objective.weights import IMPORTANCE_WEIGHTS, SCORE_CENTERING
+        from trainer_jax.objective.weights import CENTERING_REFUSED, IMPORTANCE_WEIGHTS, SCORE_CENTERING
 
         one_of(v, IMPORTANCE_WEIGHTS.names(), "importance-weight mode")
-        if v not in SCORE_CENTERING:
+        if v not in SCORE_CENTERING and v not in CENTERING_REFUSED:
             raise ValueError(f"is_mode {v!r} has no registered score-centering variant")
         return v
 
@@ -139,7 +147,7 @@ class ObjectiveConfig(BaseModel):
             raise ValueError(f"kernel_options has repeated names: {names}")
         return v
 
-    @field_validator("c_min", "c_max", "constant_normalizer")
+    @field_validator("c_min", "c_max", "geo_min", "geo_max", "constant_normalizer")
     @classmethod
     def _finite(cls, v: float) -> float:
         if not math.isfinite(v):
@@ -150,7 +158,19 @@ class ObjectiveConfig(BaseModel):
     def _range(self) -> ObjectiveConfig:
         if not self.c_min < self.c_max:
             raise ValueError(f"need c_min < c_max, got c_min={self.c_min}, c_max={self.c_max}")
-        if self.is_mode == "mis" and not self.c_min <= 1.0 <= self.c_max:
+        if self.is_mode in ("mis", "seq_mis", "geo_mask") and not self.c_min <= 1.0 <= self.c_max:
             # r = 1 (on-policy) must keep its weight, otherwise MIS drops exact samples.
-            raise ValueError(f"mis needs c_min <= 1 <= c_max, got [{self.c_min}, {self.c_max}]")
+            raise ValueError(f"{self.is_mode} needs c_min <= 1 <= c_max, got [{self.c_min}, {self.c_max}]")
+        if not self.geo_min < 1.0 < self.geo_max:
+            # G_s = 1 (an on-policy sample) must be kept by geo_mask.
+            raise ValueError(f"need geo_min < 1 < geo_max, got [{self.geo_min}, {self.geo_max}]")
+        if self.score_centering:
+            from trainer_jax.objective.weights import CENTERING_REFUSED
+
+            if self.is_mode in CENTERING_REFUSED:
+                raise ValueError(
+                    f"score_centering with is_mode {self.is_mode!r} is refused: "
+                    f"{CENTERING_REFUSED[self.is_mode]}; set objective.score_centering=false "
+                    "(or use geo_mask, which composes with it)"
+                )
         return self

@@ -8,9 +8,12 @@ Per policy token t, with trainer logits z_t = h_t W / tau and log p_t(x) = z_{t,
   replay:      with ``top_p_replay`` and truncation active, p is replaced by
                p-hat = p / sum_S p on S (log p-hat = z_x - logsumexp_S z); logits outside S get no
                gradient and the head is exact.
-  ratio:       r_t = p_t(x_t) / b_t(x_t), stop-gradient; token weight w_t = w(r_t) (``weights``).
+  ratio:       r_t = p_t(x_t) / b_t(x_t), stop-gradient; token weight w_t = w(r_t) for the token
+               modes, a function of the sample's log R_s = sum_{u in T_s} log r_u for the
+               sequence modes (``weights``; T_s = the sample's scored tokens, by ``seq_ids``).
   centering:   C_t = sum_{x in H} coef_t(x) log p_t(x), coef stop-gradient (``weights``).
-  loss:        l_t = -A_t (w_t log p_t(x_t) - C_t), aggregated over masked tokens.
+  loss:        l_t = -A_t (w_t log p_t(x_t) - k_t C_t), aggregated over masked tokens; k_t = 0
+               for the tokens of a sample a sequence mask dropped, else 1.
 
 With a constant advantage and x_t ~ b_t, E[grad l_t] = 0 whenever the head covers b_t (the tests
 in tests/objective enumerate the vocabulary to check this); without centering it is
@@ -21,7 +24,8 @@ every other logit is gathered at the ids the batch names.
 
 Robustness: padding ids (< 0 or >= V) are masked; a token is dropped from loss and metrics
 (counted in ``dropped``) when its behaviour log-prob or advantage is not finite, its id is out of
-range, or truncation was active but x_t is not in S_t (an inconsistent record). All such paths
+range, or truncation was active but x_t is not in S_t (an inconsistent record), or (sequence
+modes only) its sequence id is outside [0, N) and so names no sample. All such paths
 use ``where`` on finite values so masked tokens have exactly zero, NaN-free gradients.
 """
 
@@ -37,8 +41,8 @@ from trainer_jax.objective.aggregation import AGGREGATIONS
 from trainer_jax.objective.batch import TokenBatch
 from trainer_jax.objective.config import ObjectiveConfig
 from trainer_jax.objective.logits import default_block_size, lse_and_logits_at
-from trainer_jax.objective.metrics import Metric, Metrics, token_metrics
-from trainer_jax.objective.weights import IMPORTANCE_WEIGHTS, SCORE_CENTERING
+from trainer_jax.objective.metrics import Metric, Metrics, sequence_metrics, token_metrics
+from trainer_jax.objective.weights import IMPORTANCE_WEIGHTS, SCORE_CENTERING, SEQUENCE_MODES, Ratios
 from trainer_jax.parallel import hooks
 
 Array = jax.Array
@@ -57,6 +61,7 @@ class TokenTerms(NamedTuple):
     logp: Array  # log p_t(x_t) (log p-hat under replay); differentiable
     ratio: Array  # r_t, stop-gradient
     weight: Array  # w_t
+    keep: Array  # k_t: 0 on the tokens of a sample dropped by a sequence mask, else 1
     centering: Array  # C_t (0 without score centering); differentiable through log p
     rho: Array  # tail rescaling rho_t
     truncated: Array  # truncation active (support given)
@@ -148,12 +153,18 @@ def token_terms(hidden: Array, lm_head: Array, batch: TokenBatch, config: Object
         & jnp.isfinite(adv)
         & (x_in_support | ~truncated)
     )
+    if config.is_mode in SEQUENCE_MODES:
+        # A token whose sequence id names no sample cannot be given its sample's ratio.
+        valid = valid & (batch.seq_ids >= 0) & (batch.seq_ids < n)
     lp_x = sg(logp_x)
+    # Per-token clip at +-30 (r ~ 1e13) changes no token weight; sequence modes sum these log r
+    # over the sample (``weights.Ratios``) and never exponentiate the uncapped sum.
     log_r = jnp.where(valid, jnp.clip(lp_x - logb_x, -_LOG_RATIO_CLIP, _LOG_RATIO_CLIP), 0.0)
     ratio = jnp.exp(log_r)
-    weight = IMPORTANCE_WEIGHTS.get(config.is_mode)(ratio, c_min, c_max)
+    weights = IMPORTANCE_WEIGHTS.get(config.is_mode)(Ratios(log_r, valid, batch.seq_ids), config)
+    weight, keep = weights.weight, weights.keep
     adv = jnp.where(valid, adv, 0.0)
-    loss = jnp.where(valid, -adv * (weight * logp_x - centering), 0.0)
+    loss = jnp.where(valid, -adv * (weight * logp_x - keep * centering), 0.0)
 
     # ---- diagnostics (stop-gradient) ----------------------------------------------------------
     kl_head = jnp.sum(jnp.where(ok_h & (b_h > 0), b_h * (logb_h - lp_h), 0.0), axis=1)
@@ -169,6 +180,9 @@ def token_terms(hidden: Array, lm_head: Array, batch: TokenBatch, config: Object
         "head_mass_p": full_p_h.sum(axis=1),
         "rho": rho,
         "is_weight": weight,
+        # w^2 beside w: reduce_metrics turns the two into the effective sample size (sum w)^2 / sum w^2.
+        "is_weight_sq": weight * weight,
+        "masked_tokens": (weight == 0).astype(f32),
         "truncated": truncated.astype(f32),
         "token_loss": sg(loss),
     }
@@ -186,6 +200,7 @@ def token_terms(hidden: Array, lm_head: Array, batch: TokenBatch, config: Object
         logp=logp_x,
         ratio=ratio,
         weight=weight,
+        keep=keep,
         centering=centering,
         rho=rho,
         truncated=truncated,
@@ -212,6 +227,9 @@ def policy_loss(
     policy = (batch.loss_mask > 0).astype(jnp.float32)
     dropped = policy * (1.0 - mask)
     metrics["dropped"] = Metric(dropped.sum(), policy.sum())
+    metrics.update(
+        sequence_metrics(sg(terms.weight), terms.valid, batch.seq_ids, batch.group_ids, config.num_groups)
+    )
     if batch.group_ids is not None:
         onehot = (batch.group_ids[:, None] == jnp.arange(config.num_groups)[None, :]).astype(jnp.float32)
         metrics["group/dropped"] = Metric(onehot.T @ dropped, onehot.T @ policy)
