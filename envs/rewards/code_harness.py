@@ -7,15 +7,27 @@ exits 0 all "passed"), and so is every comparison made in it (an object whose ``
 true, a patched ``builtins`` or ``unittest``). Whatever runs in the solution's interpreter can be
 subverted by it, so nothing there decides anything:
 
-- ``parse_tests`` splits each ``assert`` with ``ast`` into the expression to evaluate (``add(2, 3)``)
-  and a check kept on this side (``== 5``, ``ast.literal_eval``): only the expressions and the
-  test's imports go into the jail;
+- ``parse_tests`` (``envs.rewards.code_tests``) splits each test with ``ast`` into the expression
+  to evaluate (``add(2, 3)``) and a check kept on this side (``== 5``, ``ast.literal_eval``): only
+  the expressions and the tests' imports go into the jail. A test whose expression would compare
+  inside the jail (``or``, a nested comparison, ``== True`` around one, a conditional, ``all`` /
+  ``any`` / ``bool`` / ``math.isclose`` over the reply's values) is an ``unsupported_test`` reward
+  error (``envs.rewards.errors.RewardError``: scored 0 and counted), never a pass;
 - in the jail, ``EVALUATOR`` imports the solution as a module, evaluates each expression and writes
   one line per expression, ``<nonce>{"i": n, "v": <value>}``, with the value encoded as plain data
   (None, bool, int, float, str, bytes, list, tuple, dict, set, frozenset, exact types only; numpy
-  scalars as their ``item()``): an always-equal object or an ``int`` subclass cannot be encoded, so
-  that expression fails;
-- here, ``grade`` decodes each line strictly into fresh built-in values and runs the check.
+  scalars as their ``item()``): an always-equal object, an object with its own ``__bool__`` or an
+  ``int`` subclass cannot be encoded, is reported ``{"i": n, "np": type}``, and the reward is a
+  ``non_plain_value`` error;
+- here, ``grade_output`` decodes each line strictly into fresh built-in values and runs the check;
+  truth checks (``assert f(x)``, ``assert not f(x)``, ``is True``) pass only a plain ``True`` /
+  ``False`` returned by a call of the reply's own code.
+
+The recommended row form needs no parsing of comparisons at all: a list of
+``{"call": "add(2, 3)", "expect": 5}`` (``expect`` is JSON: a tuple result equals a list;
+``abs_tol`` / ``rel_tol`` for floats), beside the assert lines ``assert add(2, 3) == 5``,
+``!=``, ``is None``, ``in [...]``, ``[...] in``, ``math.isclose(...)``, ``abs(x - y) < tol``,
+``assert f(x)``, ``assert not f(x)``, ``a and b``.
 
 The solution owns its interpreter, so it can write lines of its own, patch the encoder, ``json``
 or ``sys.stdout``, or exit early. What it writes is then only a *claim* about an expression's
@@ -26,14 +38,13 @@ the solution's ordinary prints from being mistaken for results.
 
 What the harness trusts: the row's tests (parsed here, never run here). What it cannot tell apart:
 a solution that computes the right values by any means, including special-casing the expressions
-it can read in the jail; and a bare ``assert f(x)`` / ``assert not f(x)`` check only the truth of
-the value, so a set of tests that are all ``assert f(x)`` passes a ``return True``, exactly as it
-did before.
+it can read in the jail; and a bare ``assert f(x)`` / ``assert not f(x)`` check only that the
+reply's function returned ``True`` / ``False``, so a set of tests that are all ``assert f(x)``
+passes a ``return True``, exactly as it did before.
 """
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import json
 import math
@@ -42,120 +53,10 @@ import secrets
 import time
 from typing import Any
 
+from envs.rewards.code_tests import CHECKS, Case, parse_tests
+from envs.rewards.errors import RewardError
+
 _DEPTH = 64
-_CHECKS = ("eq", "ne", "truthy", "falsy", "is_none", "is_not_none", "is_true", "is_false", "close",
-           "in", "not_in")
-
-
-@dataclasses.dataclass(frozen=True)
-class Case:
-    """One assert: the expression evaluated in the jail and the check applied to its value here."""
-
-    expr: str
-    check: str
-    expected: Any = None
-    rel_tol: float = 1e-9
-    abs_tol: float = 0.0
-    line: int = 0
-
-
-def _literal(node: ast.AST) -> tuple[bool, Any]:
-    try:
-        return True, ast.literal_eval(node)
-    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-        return False, None
-
-
-def _tolerance(node: ast.Call) -> dict[str, float]:
-    out = {}
-    for kw in node.keywords:
-        ok, value = _literal(kw.value)
-        if kw.arg not in ("rel_tol", "abs_tol") or not ok or not isinstance(value, int | float):
-            raise ValueError(f"isclose takes literal rel_tol / abs_tol, got {ast.unparse(kw)}")
-        out[kw.arg] = float(value)
-    return out
-
-
-def _case(test: ast.expr, line: int) -> list[Case]:
-    """The checks of one assert's test expression (``a and b`` gives two)."""
-    if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And):
-        return [c for v in test.values for c in _case(v, line)]
-    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
-        return [Case(_expr(test.operand), "falsy", line=line)]
-    if isinstance(test, ast.Call) and ast.unparse(test.func) in ("isclose", "math.isclose") \
-            and len(test.args) == 2:
-        return [_pair(test.args[0], test.args[1], "close", line, **_tolerance(test))]
-    if isinstance(test, ast.Compare):
-        if len(test.ops) != 1:
-            raise ValueError("a chained comparison: write one comparison per assert")
-        op, left, right = test.ops[0], test.left, test.comparators[0]
-        if isinstance(op, ast.Eq | ast.NotEq):
-            return [_pair(left, right, "eq" if isinstance(op, ast.Eq) else "ne", line)]
-        if isinstance(op, ast.Is | ast.IsNot) and isinstance(right, ast.Constant) \
-                and any(right.value is c for c in (None, True, False)):
-            name = {None: "none", True: "true", False: "false"}[right.value]
-            check = f"is_{name}" if isinstance(op, ast.Is) else f"is_not_{name}"
-            if check not in _CHECKS:
-                raise ValueError(f"unsupported check {ast.unparse(test)!r}")
-            return [Case(_expr(left), check, line=line)]
-        if isinstance(op, ast.In | ast.NotIn):
-            ok, expected = _literal(right)
-            if not ok:
-                raise ValueError("the right side of 'in' must be a literal")
-            return [Case(_expr(left), "in" if isinstance(op, ast.In) else "not_in", expected, line=line)]
-        if isinstance(op, ast.Lt | ast.LtE) and isinstance(left, ast.Call) \
-                and ast.unparse(left.func) == "abs" and len(left.args) == 1 \
-                and isinstance(left.args[0], ast.BinOp) and isinstance(left.args[0].op, ast.Sub):
-            ok, tol = _literal(right)
-            if ok and isinstance(tol, int | float) and not isinstance(tol, bool):
-                diff = left.args[0]
-                return [_pair(diff.left, diff.right, "close", line, rel_tol=0.0, abs_tol=float(tol))]
-        raise ValueError(f"unsupported comparison {ast.unparse(test)!r}: use ==, !=, is None, in, "
-                         "isclose or abs(x - y) < tol")
-    if _literal(test)[0]:
-        raise ValueError(f"asserts a constant ({ast.unparse(test)!r})")
-    return [Case(_expr(test), "truthy", line=line)]
-
-
-def _pair(a: ast.expr, b: ast.expr, check: str, line: int, **tol: float) -> Case:
-    """``a OP b`` with one side a literal: the other side is evaluated in the jail."""
-    ok_b, value_b = _literal(b)
-    ok_a, value_a = _literal(a)
-    if ok_b and not ok_a:
-        return Case(_expr(a), check, value_b, line=line, **tol)
-    if ok_a and not ok_b:
-        return Case(_expr(b), check, value_a, line=line, **tol)
-    raise ValueError(f"one side of {ast.unparse(a)!r} vs {ast.unparse(b)!r} must be a literal "
-                     "(the expected value never enters the jail)")
-
-
-def _expr(node: ast.expr) -> str:
-    return ast.unparse(node)
-
-
-def parse_tests(tests: str | list) -> tuple[list[str], list[Case]]:
-    """``(imports, cases)`` of a row's ``tests`` (a string or a list of lines): ``assert``
-    statements and imports only; ValueError naming the line for anything else."""
-    source = tests if isinstance(tests, str) else "\n".join(str(t) for t in tests)
-    try:
-        tree = ast.parse(source)
-    except SyntaxError as e:
-        raise ValueError(f"code reward: the row's tests do not parse (line {e.lineno}: {e.msg})") from None
-    imports, cases = [], []
-    for node in tree.body:
-        try:
-            if isinstance(node, ast.Import | ast.ImportFrom):
-                imports.append(ast.unparse(node))
-            elif isinstance(node, ast.Assert):
-                cases += _case(node.test, node.lineno)
-            else:
-                raise ValueError("only assert statements and imports are supported, "
-                                 f"not {type(node).__name__}")
-        except ValueError as e:
-            raise ValueError(f"code reward: tests line {node.lineno}: {e}") from None
-    if not cases:
-        raise ValueError("code reward: the row's tests hold no assert")
-    return imports, cases
 
 
 # ---------------------------------------------------------------- values out of the jail
@@ -186,50 +87,80 @@ def decode(value: Any, depth: int = 0) -> Any:
     raise ValueError(f"unknown tag {tag!r}")
 
 
+def _as_json(value: Any) -> Any:
+    """``value`` as JSON would hold it (a tuple is a list): what a ``{"call", "expect"}`` row means."""
+    if type(value) in (list, tuple):
+        return [_as_json(v) for v in value]
+    if type(value) is dict:
+        return {k: _as_json(v) for k, v in value.items()}
+    return value
+
+
 def passes(case: Case, value: Any) -> bool:
-    """The check of ``case`` on a decoded (plain, built-in) value, made here."""
+    """The check of ``case`` on a decoded (plain, built-in) value, made here. Truth checks pass
+    only a plain bool: ``assert f(x)`` fails a 1, a non-empty list or "yes"."""
     c, want = case.check, case.expected
+    if case.as_json:
+        value = _as_json(value)
     if c == "eq":
         return bool(value == want)
     if c == "ne":
         return bool(value != want)
-    if c in ("truthy", "falsy"):
-        return bool(value) == (c == "truthy")
+    if c in ("truthy", "is_true"):
+        return value is True
+    if c in ("falsy", "is_false"):
+        return value is False
     if c in ("is_none", "is_not_none"):
         return (value is None) == (c == "is_none")
-    if c in ("is_true", "is_false"):
-        return value is (c == "is_true")
-    if c in ("in", "not_in"):
+    if c in ("in", "not_in", "contains", "not_contains"):
         try:
-            return (value in want) == (c == "in")
+            found = value in want if c in ("in", "not_in") else want in value
         except TypeError:
             return False
+        return bool(found) == (c in ("in", "contains"))
     if c == "close":
         ok = all(type(v) in (int, float) for v in (value, want))
         return ok and math.isclose(value, want, rel_tol=case.rel_tol, abs_tol=case.abs_tol)
-    raise ValueError(f"unknown check {c!r}")
+    raise ValueError(f"unknown check {c!r} (known: {', '.join(CHECKS)})")
+
+
+@dataclasses.dataclass
+class Graded:
+    """What the jail's output amounts to: tests passed, why the run is void (or None), and the
+    tests whose value was not plain data (index, type name), which the caller reports."""
+
+    passed: int
+    void: str | None = None
+    non_plain: list[tuple[int, str]] = dataclasses.field(default_factory=list)
 
 
 def grade(output: str, nonce: str, cases: list[Case]) -> tuple[int, str | None]:
     """``(tests passed, why the run is void or None)`` from the jail's output."""
+    graded = grade_output(output, nonce, cases)
+    return graded.passed, graded.void
+
+
+def grade_output(output: str, nonce: str, cases: list[Case]) -> Graded:
+    """The ``Graded`` of the jail's output: its result lines decoded strictly and checked here."""
     values: dict[int, Any] = {}
     failed: set[int] = set()
+    non_plain = []
     for line in output.splitlines():
         if not line.startswith(nonce):
             continue
         try:
             frame = json.loads(line[len(nonce):])
         except (ValueError, RecursionError):
-            return 0, "a malformed result line"
+            return Graded(0, "a malformed result line")
         if not isinstance(frame, dict):
-            return 0, "a malformed result line"
+            return Graded(0, "a malformed result line")
         if "import_error" in frame:
-            return 0, f"the solution did not import ({str(frame['import_error'])[:200]})"
+            return Graded(0, f"the solution did not import ({str(frame['import_error'])[:200]})")
         i = frame.get("i")
         if type(i) is not int or not 0 <= i < len(cases):
-            return 0, "a result line for no test"
+            return Graded(0, "a result line for no test")
         if i in values or i in failed:
-            return 0, f"two result lines for test {i}"
+            return Graded(0, f"two result lines for test {i}")
         if "v" in frame:
             try:
                 values[i] = decode(frame["v"])
@@ -237,6 +168,8 @@ def grade(output: str, nonce: str, cases: list[Case]) -> tuple[int, str | None]:
                 failed.add(i)
         else:
             failed.add(i)
+            if isinstance(frame.get("np"), str):
+                non_plain.append((i, frame["np"][:60]))
     passed = 0
     for i, case in enumerate(cases):
         if i in values:
@@ -244,7 +177,7 @@ def grade(output: str, nonce: str, cases: list[Case]) -> tuple[int, str | None]:
                 passed += passes(case, values[i])
             except (TypeError, ValueError, OverflowError, RecursionError):
                 pass
-    return passed, None
+    return Graded(passed, None, non_plain)
 
 
 # ---------------------------------------------------------------- the jail side
@@ -278,7 +211,10 @@ def enc(v, depth=0):
         return {"$": "bytes", "v": v.hex()}
     if t.__module__ == "numpy" and hasattr(v, "item") and getattr(v, "shape", None) == ():
         return enc(v.item(), depth + 1)
-    raise TypeError("a %s is not plain data" % t.__name__)
+    raise NotPlain(t.__name__)
+
+class NotPlain(Exception):
+    pass
 
 with open("/work/.mixrl_cases.json") as f:
     CASES = json.load(f)
@@ -298,6 +234,8 @@ for i, expr in enumerate(CASES["exprs"]):
     try:
         text = json.dumps(enc(eval(expr, ns)))
         frame = {"i": i, "v": json.loads(text)} if len(text) <= LIMIT else {"i": i, "e": "value too large"}
+    except NotPlain as e:
+        frame = {"i": i, "np": str(e)[:60]}
     except BaseException as e:
         frame = {"i": i, "e": ("%s: %s" % (type(e).__name__, e))[:200]}
     emit(frame)
@@ -324,6 +262,10 @@ def run_tests(program: str, tests: str | list, *, wall_seconds: float = 5.0, cpu
         box.write_file(".mixrl_cases.json", json.dumps({"imports": imports, "exprs": exprs}))
         box.write_file(".mixrl_eval.py", EVALUATOR)
         result = box.run(f"exec /usr/bin/python3 -I .mixrl_eval.py {nonce}")
-    passed, void = grade(result.output, nonce, cases)
-    return {"reward": float(void is None and passed == len(cases)),
-            "tests_passed": 0.0 if void else passed / len(cases)}
+    graded = grade_output(result.output, nonce, cases)
+    if graded.non_plain and graded.void is None:
+        i, kind = graded.non_plain[0]
+        raise RewardError("non_plain_value", f"test {i} ({cases[i].expr[:80]!r}) gave a {kind}, not plain "
+                          f"data ({len(graded.non_plain)} of {len(cases)} tests)")
+    return {"reward": float(graded.void is None and graded.passed == len(cases)),
+            "tests_passed": 0.0 if graded.void else graded.passed / len(cases)}

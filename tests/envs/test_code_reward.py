@@ -12,6 +12,7 @@ import pytest
 from envs.rewards import RewardPool
 from envs.rewards.builtin import code_reward
 from envs.rewards.code_harness import Case, decode, grade, parse_tests
+from envs.rewards.errors import RewardError
 from envs.sandbox import sandbox_available
 
 TESTS = ["assert add(2, 3) == 5", "assert add(-1, 1) == 0", "assert add(10, -4) == 6"]
@@ -76,14 +77,27 @@ ATTACKS = {
 needs_sandbox = pytest.mark.skipif(not sandbox_available(), reason="needs root + unshare (namespaces)")
 
 
+NON_PLAIN = {"always-equal object": "Any", "int subclass, patched eq": "I", "str subclass, patched eq": "S"}
+
+
 def _score(program: str, tests=TESTS) -> dict:
-    return code_reward(completion=f"```python\n{program}```", task={"tests": tests})
+    """The reward's dict, or ``{"reward": 0.0, "reason": ...}`` where it raised a RewardError
+    (the pool scores that 0 and counts its reason)."""
+    try:
+        return code_reward(completion=f"```python\n{program}```", task={"tests": tests})
+    except RewardError as e:
+        return {"reward": 0.0, "reason": e.reason, "error": str(e)}
 
 
 @needs_sandbox
 @pytest.mark.parametrize("name", list(ATTACKS))
 def test_a_wrong_solution_scores_zero_however_it_games(name):
-    assert _score(ATTACKS[name])["reward"] == 0.0
+    result = _score(ATTACKS[name])
+    assert result["reward"] == 0.0
+    # A value that is not plain data is named as such, with its type: not a silent failed test.
+    assert result.get("reason") == ("non_plain_value" if name in NON_PLAIN else None), result
+    if name in NON_PLAIN:
+        assert f"gave a {NON_PLAIN[name]}, not plain data" in result["error"], result
 
 
 @needs_sandbox

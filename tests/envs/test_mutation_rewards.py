@@ -39,18 +39,24 @@ def test_a_large_completion_is_scored_quickly_and_exactly():
     assert took < 5.0, took
 
 
-def test_an_inline_built_in_runs_under_the_pools_memory_limit():
-    # math runs inline in the worker (no fork): the pool's limit is set around the call. Under
-    # 16 MiB of address space (far below what the worker has mapped) the symbolic comparison
-    # cannot allocate and scores 0 (with the default 4 GiB it scores 1: test_rewards), a cheap
-    # exact fraction still scores 1.
+def test_built_ins_run_under_the_pools_memory_limit():
+    # 16 MiB of address space is far below what a worker has mapped: a call cannot allocate anew.
+    # math's parser is bounded and small, so its answers still score; exact stripping a 20 MB reply
+    # needs a 20 MB copy and scores 0 as memory (with the default 4 GiB it scores 0 as a mismatch).
     pool = RewardPool("math", workers=1, timeout_s=10, memory_bytes=16 << 20)
     try:
         symbolic = pool.score(completion="\\boxed{x^2+2x+1}", answer="(x+1)^2", prompt="", task={})
         cheap = pool.score(completion="\\boxed{3/4}", answer="0.75", prompt="", task={})
     finally:
         pool.close()
-    assert (symbolic.reward, cheap.reward) == (0.0, 1.0), (symbolic, cheap)
+    assert (symbolic.reward, cheap.reward) == (1.0, 1.0), (symbolic, cheap)
+    pool = RewardPool("exact", workers=1, timeout_s=10, memory_bytes=16 << 20)
+    try:
+        big = pool.score(completion=" " + "x" * (20 << 20), answer="x", prompt="", task={})
+        small = pool.score(completion=" x ", answer="x", prompt="", task={})
+    finally:
+        pool.close()
+    assert (big.reward, big.reason, small.reward) == (0.0, "memory", 1.0), (big, small)
 
 
 def test_a_stopped_worker_is_killed_at_the_calls_timeout_plus_grace_and_replaced(monkeypatch):

@@ -103,15 +103,15 @@ def test_code_reward_runs_the_rows_tests_in_the_sandbox():
         pool.close()
 
 
-def test_built_in_math_runs_inline_with_its_timeout_and_the_worker_carries_on():
+def test_built_in_math_refuses_a_huge_power_at_once_and_the_worker_carries_on():
+    # Before the parser of our own, this reply sent sympy into a huge expansion that only the call's
+    # timeout ended; now the exponent is over the parser's bound: a plain 0 at once, no error.
     pool = RewardPool("math", workers=1, timeout_s=1.0)
     try:
         assert pool.score(**_kw(completion="\\boxed{72}", answer="#### 72")).reward == 1.0
-        worker = next(iter(pool._all)).proc.pid
-        # A reply that sends sympy into a huge expansion: the call's alarm, not a silent 0.
+        t0 = time.monotonic()
         r = pool.score(**_kw(completion="\\boxed{(x+1)^{99999}}", answer="3"))
-        assert (r.reward, r.reason, r.timed_out) == (0.0, "timeout", True)
+        assert (r.reward, r.reason, r.timed_out) == (0.0, None, False) and time.monotonic() - t0 < 1.0
         assert pool.score(**_kw(completion="\\boxed{x^2+2x+1}", answer="(x+1)^2")).reward == 1.0
-        assert next(iter(pool._all)).proc.pid == worker  # no fork per call, no restart
     finally:
         pool.close()
