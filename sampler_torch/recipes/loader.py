@@ -27,6 +27,7 @@ from convert.qwen3_config import Qwen3Config, hf_tensor_shapes
 from sampler_torch.models import Qwen3ForCausalLM
 from sampler_torch.recipes.linear import make_linear
 from sampler_torch.recipes.registry import Recipe, RecipeError, resolve_attention, torch_dtype
+from sampler_torch.recipes.rounding import RoundWeights, check_recipe, round_model_weights
 from sampler_torch.tensors import to_torch
 
 
@@ -141,13 +142,27 @@ def _load(ckpt: HFCheckpoint, codec: Codec, recipe: Recipe, device) -> tuple[
     return model.eval().requires_grad_(False), cfg
 
 
+def _round_spec(recipe: Recipe, given: RoundWeights | None) -> RoundWeights | None:
+    """The dial to apply: ``given``, else the recipe's ``round_weights`` (a mapping or None)."""
+    spec = given if given is not None else getattr(recipe, "round_weights", None)
+    if spec is None or isinstance(spec, RoundWeights):
+        return spec
+    return RoundWeights(**dict(spec))
+
+
 def load_model(path: str | os.PathLike, recipe: Recipe, *, device: str | torch.device = "cpu",
-               require_manifest: bool = False) -> LoadedModel:
+               require_manifest: bool = False, round_weights: RoundWeights | None = None) -> LoadedModel:
     """Verify (manifest when present or required) and load ``path`` for ``recipe``.
 
+    ``round_weights`` (default: the recipe's, when it has one): round every quantizable linear of
+    the loaded weights to symmetric per-block K-bit integers (``sampler_torch.recipes.rounding``),
+    with scales from these weights -- every load, hence every reload, recomputes them.
     Raises ``WeightLoadError`` (bad or mismatched files) or ``RecipeError`` (the export is in
-    another format than the recipe needs).
+    another format than the recipe needs, or a dial the recipe cannot apply).
     """
+    spec = _round_spec(recipe, round_weights)
+    if spec is not None:
+        check_recipe(recipe)
     path = Path(path)
     manifest = verify_export(path, require_manifest=require_manifest)
     try:
@@ -170,6 +185,8 @@ def load_model(path: str | os.PathLike, recipe: Recipe, *, device: str | torch.d
         raise
     except (ValueError, KeyError, OSError, RuntimeError) as e:  # safetensors / codec errors
         raise WeightLoadError(f"{path}: cannot load the export ({type(e).__name__}: {e})") from e
+    if spec is not None:
+        round_model_weights(model, spec)
     has_k = any(s is not None for s in k)
     return LoadedModel(model=model, config=cfg, path=path, weight_format=codec.name,
                        k_scales=[s or 1.0 for s in k] if has_k else None,

@@ -15,6 +15,14 @@ from trainer_jax.config.base import Strict as _Strict
 from trainer_jax.config.base import one_of
 
 
+class RoundWeightsConfig(_Strict):
+    """``groups[].round_weights``: K bits (2..8) and B inputs per block (a shorter tail block when
+    B does not divide a projection's input size); ``sampler_torch.recipes.rounding``."""
+
+    bits: int = Field(ge=2, le=8)
+    block_size: int = Field(gt=0)
+
+
 class SamplerGroupConfig(_Strict):
     """One group of samplers sharing a precision recipe (sampler_torch.recipes).
 
@@ -43,6 +51,12 @@ class SamplerGroupConfig(_Strict):
     # The mismatch dial (mixrl_wire.recipes): sigma of seeded Gaussian noise on the sampler's
     # logits, recorded in the group's registered recipe. None: the recipe's (0, off).
     logit_noise: float | None = Field(None, ge=0, allow_inf_nan=False)
+    # The quantization-shaped dial (sampler_torch.recipes.rounding): every quantizable linear the
+    # group serves rounded to symmetric per-block K-bit integers, scales from each loaded version.
+    round_weights: RoundWeightsConfig | None = None
+    # A group that leases only evaluation tasks (never training ones); train.eval_group may name
+    # it, and the router gives it no training share.
+    eval_only: bool = False
     processes: int = Field(1, ge=0)
     min_processes: int | None = Field(None, ge=0)
     max_processes: int | None = Field(None, ge=0)
@@ -90,6 +104,18 @@ class SamplerGroupConfig(_Strict):
                 problem = str(e)
             if problem:
                 raise ValueError(f"group {self.name!r}: {problem}")
+        return self
+
+    @model_validator(mode="after")
+    def _round_weights_fit_the_recipe(self) -> SamplerGroupConfig:
+        # The dial rounds float weights; a recipe quantizing activations runs its own kernel on
+        # stored integer / fp8 parts (sampler_torch.recipes.rounding.check_recipe, same rule).
+        if self.round_weights is not None:
+            recipe = get_recipe(self.recipe)
+            if recipe.activations != "none":
+                raise ValueError(f"group {self.name!r}: round_weights needs a recipe that computes with "
+                                 f"float weights (bf16, nvfp4_w4a16, mxfp4_w4a16); {self.recipe!r} "
+                                 f"quantizes activations ({recipe.activations})")
         return self
 
     @field_validator("recipe")
