@@ -220,11 +220,11 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 1
     except TrainerGone as e:
-        print(f"mixrl-sample: {e}; exiting", file=sys.stderr)
+        print(f"mixrl-sample: {e.details}; exiting", file=sys.stderr)
         return 1
     except RolloutError as e:
         if client.gone is not None:
-            print(f"mixrl-sample: {client.gone}; exiting", file=sys.stderr)
+            print(f"mixrl-sample: {client.gone.details}; exiting", file=sys.stderr)
             return 1
         if stop.is_set() and e.code.name == "CANCELLED":  # SIGTERM while connecting: a plain stop
             log.info("stopped before the trainer answered")
