@@ -1,0 +1,180 @@
+"""The version probe's judgement (``mixrl_wire.probe.judge``) in its ``undecided`` region, and the
+rollout service's actions (``ProbeBook.report``) across long sequences of reloads (issue 46),
+each against a reference written here from the documented rules.
+"""
+
+from __future__ import annotations
+
+import math
+
+import hypothesis.strategies as st
+import pytest
+from hypothesis import example, given, settings
+
+from mixrl_wire import pb
+from mixrl_wire.probe import (
+    ABOVE_BOUND,
+    NOOP_RELOAD,
+    OK,
+    OLDER,
+    UNDECIDED,
+    Bound,
+    PreviousProbe,
+    Probe,
+    judge,
+)
+from trainer_jax.config import ProbeConfig
+from trainer_jax.service.probes import ProbeBook
+from trainer_jax.service.sessions import Session
+
+TABLE = {"nvfp4_w4a4/engine/cpu": Bound(kl=1e-4, max_abs=0.05, noise=0.01, measured_on="cpu")}
+
+
+def _session() -> Session:
+    return Session(id="s1", name="s1", group="g", recipe={"name": "nvfp4_w4a4"}, accelerator="cpu",
+                   capacity=1, weight_formats=("nvfp4",), peer="", last_seen=0.0)
+
+
+def _probe(version: int, old: list[float], now: list[float]) -> Probe:
+    prev = PreviousProbe(version - 1, [[4] * len(old)], [list(old)], [list(now)])
+    return Probe(version, 0, [[1]], [[2, 3]], [[-1.0, -2.0]], prev)
+
+
+def test_a_noisy_sampler_is_undecided_not_older():
+    """Issue 46: versions 0.01 apart (mean |Δ log p|) and a quantized sampler whose own noise is 0.1,
+    a little nearer the previous version by chance. Its noise is the larger of the table's (1e-3)
+    and its distance to the nearer version (0.1): 0.01 <= 3 x 0.1, undecided. With the report's
+    own noise dropped from the margin it was judged ``older`` (and asked to reload, needlessly)."""
+    old = [-3.0, -2.0, -2.5, -1.5]
+    now = [x + 0.01 for x in old]
+    probe = _probe(5, old, now)
+    report = [x - 0.1 for x in old]  # 0.1 from old, 0.11 from now
+    j = judge(probe, [-1.0, -2.0], report, Bound(kl=1.0, max_abs=1.0, noise=1e-3), margin=3.0)
+    assert j.verdict == UNDECIDED, j
+    assert "within 3 x the recipe's noise 1.00e-01" in j.reason
+    # the same report against versions 1.0 apart: decidably the previous version
+    far = _probe(5, old, [x + 1.0 for x in old])
+    assert judge(far, [-1.0, -2.0], report, Bound(kl=1.0, max_abs=1.0, noise=1e-3)).verdict == OLDER
+
+
+def _mean_abs(a: list[float], b: list[float]) -> float:
+    return sum(abs(x - y) for x, y in zip(a, b, strict=True)) / len(a)
+
+
+def reference_verdict(old: list[float], now: list[float], served: list[float], current_shift: float,
+                      bound: Bound, margin: float) -> str:
+    """The documented order: undecided when the versions differ by at most margin x the noise (the
+    larger of the bound's and the report's distance to the nearer version), else older when nearer
+    the previous; then above the bound; else ok."""
+    separation = _mean_abs(old, now)
+    d_old, d_now = _mean_abs(old, served), _mean_abs(now, served)
+    verdict = OK
+    if separation <= margin * max(bound.noise, min(d_old, d_now)):
+        verdict = UNDECIDED
+    elif d_old < d_now:
+        return OLDER
+    # the current probe's two tokens all shifted by current_shift: k3 = e^d - 1 - d, max |d|
+    d = -current_shift
+    if (math.exp(d) - 1 - d) > bound.kl or abs(d) > bound.max_abs:
+        return ABOVE_BOUND
+    return verdict
+
+
+_lp = st.floats(-6.0, -2.0)  # log-probabilities stay <= 0 whatever is added below
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(_lp, min_size=1, max_size=6), st.sampled_from([0.0, 0.001, 0.01, 0.05, 0.3, 1.0]),
+       st.sampled_from(["old", "now"]), st.sampled_from([0.0, 0.005, 0.02, 0.1, 0.5]),
+       st.sampled_from([0.0, 0.001, 0.3]), st.sampled_from([1.0, 3.0]))
+@example([-3.0, -2.0, -2.5, -2.5], 0.01, "old", 0.1, 0.0, 3.0)
+def test_judge_is_the_reference_around_the_undecided_region(old, sep, serves, noise, shift, margin):
+    now = [x + sep * (1 if i % 2 else -1) for i, x in enumerate(old)]
+    base = old if serves == "old" else now
+    served = [x + noise * (1 if i % 3 else -1) for i, x in enumerate(base)]
+    bound = Bound(kl=0.01, max_abs=0.2, noise=1e-3)
+    probe = _probe(3, old, now)
+    j = judge(probe, [-1.0 - shift, -2.0 - shift], served, bound, margin=margin)
+    assert j.verdict == reference_verdict(old, now, served, shift, bound, margin)
+
+
+# --- ProbeBook across sequences of reports: a reference state machine -------------------------
+
+OLD, NOW = [-1.0, -1.0], [-2.0, -2.0]
+
+
+def _report(kind: str, v: int) -> pb.ProbeReport:
+    if kind == "noop":
+        return pb.ProbeReport(version=v, weights_unchanged=True, weights_digest="ab" * 8)
+    shift = 2.0 if kind == "above" else 0.0
+    previous = OLD if kind == "older" else NOW
+    return pb.ProbeReport(version=v, logprobs=[-1.0 - shift, -2.0 - shift], previous_logprobs=previous)
+
+
+class ReferenceBook:
+    """The actions the docs give (trainer_jax/service/probes.py): a no-op reload asks a reload up to
+    max_reloads times, then revokes; older asks a reload up to max_reloads, else ok; a report that
+    passes resets the count and verifies; above the bound (alarm_after 1, not enforced) verifies
+    and keeps the count."""
+
+    def __init__(self, max_reloads: int):
+        self.max_reloads, self.asked, self.verified = max_reloads, 0, -1
+
+    def report(self, kind: str, v: int) -> int:
+        if kind in ("noop", "older"):
+            if self.asked < self.max_reloads:
+                self.asked += 1
+                return pb.ProbeAck.RELOAD
+            return pb.ProbeAck.REVOKED if kind == "noop" else pb.ProbeAck.OK
+        self.verified = max(self.verified, v)
+        if kind == "ok":
+            self.asked = 0
+        return pb.ProbeAck.OK
+
+
+def test_no_op_reloads_spread_over_a_long_run_never_revoke_a_healthy_sampler():
+    """Issue 46: one no-op reload per version, each fixed by the reload it asks for, over 20
+    versions: never revoked. A counter never reset revoked it at the second."""
+    book, s = ProbeBook(ProbeConfig(bounds="table", max_reloads=1), bounds=TABLE), _session()
+    for v in range(1, 21):
+        book.add(_probe(v, OLD, NOW))
+        assert book.report(s, _report("noop", v))[0] == pb.ProbeAck.RELOAD, v
+        action, why = book.report(s, _report("ok", v))
+        assert action == pb.ProbeAck.OK and s.probe.verdict == OK, (v, why)
+    assert s.probe.verified_version == 20
+    # two no-op reloads in a row with max_reloads 1: the second revokes
+    book.add(_probe(21, OLD, NOW))
+    assert book.report(s, _report("noop", 21))[0] == pb.ProbeAck.RELOAD
+    action, why = book.report(s, _report("noop", 21))
+    assert action == pb.ProbeAck.REVOKED and "after 1 reload request(s)" in why
+    assert s.probe.verdict == NOOP_RELOAD
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.sampled_from(["noop", "older", "ok", "above"]), min_size=1, max_size=25),
+       st.sampled_from([0, 1, 2]))
+def test_probe_book_actions_are_the_reference_on_generated_sequences(kinds, max_reloads):
+    cfg = ProbeConfig(bounds="table", max_reloads=max_reloads, alarm_after=1)
+    book, s, ref = ProbeBook(cfg, bounds=TABLE), _session(), ReferenceBook(max_reloads)
+    for i, kind in enumerate(kinds):
+        v = i // 2 + 1  # two reports per version at times, as after a reload
+        book.add(_probe(v, OLD, NOW))
+        want = ref.report(kind, v)
+        got, why = book.report(s, _report(kind, v))
+        assert got == want, (i, kinds, why)
+        assert s.probe.verified_version == ref.verified
+        assert s.probe.verdict == {"noop": NOOP_RELOAD, "older": OLDER, "ok": OK, "above": ABOVE_BOUND}[kind]
+        if got == pb.ProbeAck.REVOKED:
+            break
+
+
+def test_a_report_exactly_at_the_margin_is_undecided():
+    """separation == margin x noise: within (``<=``)."""
+    old = [-1.0, -1.0]
+    now = [-1.5, -1.5]  # 0.5 apart, exactly 5 x the table's 0.1 (no own noise: it serves now exactly)
+    j = judge(_probe(2, old, now), [-1.0, -2.0], now, Bound(kl=1.0, max_abs=1.0, noise=0.1), margin=5.0)
+    assert j.verdict == UNDECIDED
+    j = judge(_probe(2, old, now), [-1.0, -2.0], old, Bound(kl=1.0, max_abs=1.0, noise=0.1), margin=4.99)
+    assert j.verdict == OLDER
+    with pytest.raises(Exception, match="log-probabilities reported"):
+        judge(_probe(2, old, now), [-1.0], now, Bound(kl=1.0, max_abs=1.0, noise=0.1))
