@@ -243,6 +243,8 @@ def describe(e: ValidationError) -> str:
             msg = "must be true or false"
         if err["type"].endswith(("_type", "_parsing", "literal_error", "enum")) and "input" in err:
             msg += f", got {short(err['input'])}"  # short: never the repr of a huge value
+        if len(msg) > 600:  # a validator that quoted a long value: its start and its advice
+            msg = f"{msg[:300]} ... {msg[-250:]}"
         loc = ".".join(str(x) for x in err["loc"])
         problems.append(f"{loc}: {msg}" if loc else msg)  # a whole-config check names its keys
     return " ".join("; ".join(problems).split())
