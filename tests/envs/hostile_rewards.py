@@ -1,13 +1,17 @@
-"""A reward function that misbehaves as its row says, for tests/envs/test_reward_workers.py:
-``hostile_rewards:hostile`` (importable from tests/envs); ``task["do"]`` names the behaviour, and
-``task["r"]`` is the reward it returns when it returns one (so a test sees which request an answer
-belongs to)."""
+"""A reward function that misbehaves as its row says, for tests/envs/test_reward_workers.py and
+tests/envs/test_reward_isolation.py: ``hostile_rewards:hostile`` (importable from tests/envs);
+``task["do"]`` names the behaviour, and ``task["r"]`` is the reward it returns when it returns one
+(so a test sees which request an answer belongs to). The attacks on the call's isolation
+(``do: "attack"``, ``task["what"]``) return the reward with metrics saying what each attempt got
+(``errno``: 0 when it succeeded)."""
 
 import ctypes
 import os
 import subprocess
 import sys
 import time
+
+from hostile_attacks import ATTACKS
 
 FORGED = b'{"id": %d, "ok": true, "value": {"reward": 1000000.0, "metrics": {}}}\n'
 
@@ -84,7 +88,12 @@ def cleans_up(task):
     return 1.0
 
 
-BEHAVIOURS = {"plain": plain, "forks": forks, "writes_everywhere": writes_everywhere, "segfaults": segfaults,
+def attack(task):
+    return {"reward": float(task.get("r", 0.5)), **ATTACKS[task["what"]](task)}
+
+
+BEHAVIOURS = {"attack": attack, "plain": plain, "forks": forks,
+              "writes_everywhere": writes_everywhere, "segfaults": segfaults,
               "allocates": allocates, "exits": exits, "returns": returns, "leaves_children": leaves_children,
               "cleans_up": cleans_up}
 

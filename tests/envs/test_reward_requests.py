@@ -131,7 +131,9 @@ def test_a_request_line_over_the_limit_is_refused_unread():
 
 @pytest.mark.timeout(60)
 def test_the_pool_refuses_a_request_over_the_limit_without_sending_it():
-    pool = RewardPool("exact", workers=1, timeout_s=5)
+    # 30 s: the call under the limit forks a worker holding 64 MiB of request (3.8 s at load 31 on
+    # 2 cores; a 5 s timeout killed the worker once at that load).
+    pool = RewardPool("exact", workers=1, timeout_s=30)
     try:
         pool.check()
         (worker,) = pool._all

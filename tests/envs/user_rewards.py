@@ -1,5 +1,6 @@
 """Reward functions of a 'user' for the tests: importable as ``user_rewards:<name>`` from tests/envs."""
 
+import os
 import sys
 import time
 
@@ -25,3 +26,16 @@ def prints_then_scores(*, completion, answer, prompt, task):
 
 def returns_text(*, completion, answer, prompt, task):
     return "1.0"
+
+
+IMPORT_PID = os.getpid()  # module-level state: set once, in the worker that imports the module
+
+
+def returns_value(*, completion, answer, prompt, task):
+    """The row's ``value`` as it is (a number or a dict with ``reward``)."""
+    return task["value"]
+
+
+def where_it_runs(*, completion, answer, prompt, task):
+    """Which process loaded the module and which runs the call, and as whom."""
+    return {"reward": 1.0, "import_pid": IMPORT_PID, "call_pid": os.getpid(), "uid": os.getuid()}
