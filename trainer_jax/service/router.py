@@ -12,6 +12,10 @@ the stability bounds ``max_k3``, ``max_out_of_range`` and ``train.max_staleness`
 bound falls to the floor). Busy time, not wall time, is the denominator: a starved group's idle
 replicas would otherwise make it look ever dearer and starve it further (realised cost, idle time
 included, is reported by ``trainer_jax.cost``, not routed on).
+
+An evaluation-only group (``groups[].eval_only``, named to ``Router.configure``) takes no part in
+the split: the policies see only the training groups, its share and quota are 0, and it leases
+evaluation tasks alone (which never count against a quota).
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from trainer_jax.config import RouterConfig
 
@@ -191,11 +195,15 @@ class Router:
         self._last = clock()
         self.prices: dict[str, float | None] = {}
         self.max_staleness: int | None = None
+        self.eval_only: frozenset[str] = frozenset()
 
-    def configure(self, prices: Mapping[str, float | None], max_staleness: int | None = None) -> None:
-        """The run config's prices per group (USD per replica-hour) and ``train.max_staleness``."""
+    def configure(self, prices: Mapping[str, float | None], max_staleness: int | None = None,
+                  eval_only: Iterable[str] = ()) -> None:
+        """The run config's prices per group (USD per replica-hour), ``train.max_staleness`` and
+        the evaluation-only groups (``groups[].eval_only``: no training share)."""
         self.prices = dict(prices)
         self.max_staleness = max_staleness
+        self.eval_only = frozenset(eval_only)
         for name, g in self.groups.items():
             g.price_per_hour = self.prices.get(name)
 
@@ -276,14 +284,24 @@ class Router:
             self._window_busy[name] = 0.0
         self._window_start = now
 
+    def is_eval_only(self, group: str) -> bool:
+        """Whether ``group`` leases evaluation tasks only (never training tasks)."""
+        return group in self.eval_only
+
     def shares(self) -> dict[str, float]:
+        """Training shares: the policy over the training groups; evaluation-only groups get 0."""
         self._integrate()
         self._tick()
-        self._shares = self.policy(self.groups, self.cfg)
+        training = {g: s for g, s in self.groups.items() if g not in self.eval_only}
+        self._shares = self.policy(training, self.cfg)
+        self._shares.update({g: 0.0 for g in self.groups if g in self.eval_only})
         return self._shares
 
     def quota(self, group: str, budget: int, unit: int) -> int:
-        """Samples ``group`` may hold leased out of ``budget``; at least one ``unit`` when live."""
+        """Training samples ``group`` may hold leased out of ``budget``: at least one ``unit``
+        when live, 0 for an evaluation-only group."""
+        if group in self.eval_only:
+            return 0
         share = self.shares().get(group, 0.0)
         return max(unit, math.ceil(share * budget))
 
@@ -292,7 +310,7 @@ class Router:
         return {name: {"samplers": g.samplers, "capacity": g.capacity,
                        "tokens_per_s": g.tokens_per_s or 0.0, "share": shares.get(name, 0.0),
                        "outstanding": g.outstanding, "accepted": g.accepted, "tokens": g.tokens,
-                       "eval_accepted": g.eval_accepted,
+                       "eval_accepted": g.eval_accepted, "eval_only": name in self.eval_only,
                        "busy_replica_s": g.busy_replica_s,
                        "samples_per_busy_s": g.samples_per_busy_s or 0.0,
                        "useful_share": g.useful_share, "over_bounds": over_bounds(g, self.cfg)}
