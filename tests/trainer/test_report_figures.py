@@ -160,3 +160,39 @@ def test_phase_summary_names_the_cells_that_left_bounded():
     text = phase_summary(runs, {"grpo": "GRPO", "sc_mis": "SC + MIS"})
     assert text == "collapsed: GRPO / mixed (C B); growth: SC + MIS / sigma1.0 (G); bounded: the other 1 of 3 cells"
     assert phase_summary([], {}) == ""
+
+
+def test_a_grid_continues_from_its_archive_in_a_fresh_checkout(tmp_path):
+    """The archive keeps a small shared warm start's weights; --restore puts them and the finished
+    cells back so the sweep skips those cells and the rest start from the very same weights."""
+    from trainer_jax.report.archive import WARM_START_MAX_BYTES, archive
+    from trainer_jax.report.archive import main as archive_main
+    from trainer_jax.sweep import CELL_FILE
+
+    runs = tmp_path / "runs"
+    _run(runs, "mixed", "grpo", 0)
+    _run(runs, "mixed", "grpo", 1, finished=False)  # interrupted: archived, but not restored as done
+    warm = runs / "warm_start" / "seed0"
+    warm.mkdir(parents=True)
+    (warm / "config.json").write_text("{}")
+    (warm / "model-00001-of-00001.safetensors").write_bytes(b"w" * 1000)
+    (runs / "warm_start" / "seed0.json").write_text(json.dumps({"seed": 0, "wall_s": 30.0}))
+    big = runs / "warm_start" / "seed1"  # a real model's warm start is never put in the repository
+    big.mkdir()
+    with open(big / "model.safetensors", "wb") as f:
+        f.truncate(WARM_START_MAX_BYTES + 1)
+    (runs / "warm_start" / "seed1.json").write_text(json.dumps({"seed": 1, "wall_s": 30.0}))
+    kept = tmp_path / "docs" / "results_x"
+    archive(runs, kept)
+    assert (kept / "warm_start" / "seed0" / "model-00001-of-00001.safetensors").read_bytes() == b"w" * 1000
+    assert not (kept / "warm_start" / "seed1").exists() and (kept / "warm_start" / "seed1.json").exists()
+    fresh = tmp_path / "fresh_runs"
+    assert archive_main([str(kept), str(fresh), "--restore"]) == 0
+    assert (fresh / "warm_start" / "seed0" / "config.json").exists()
+    assert json.loads((fresh / "mixed" / "grpo" / "seed0" / CELL_FILE).read_text())["ok"] is True
+    assert not (fresh / "mixed" / "grpo" / "seed1").exists()
+    assert [r.seed for r in collect(fresh) if r.ok] == [0]  # the restored cell reads as finished
+    # A second restore leaves a cell that finished in the run directory alone.
+    (fresh / "mixed" / "grpo" / "seed0" / "marker").write_text("mine")
+    assert archive_main([str(kept), str(fresh), "--restore"]) == 0
+    assert (fresh / "mixed" / "grpo" / "seed0" / "marker").exists()
