@@ -27,6 +27,8 @@ from __future__ import annotations
 import ast
 import builtins
 import dataclasses
+import sys
+from collections.abc import Mapping
 from typing import Any
 
 from envs.rewards.errors import RewardError
@@ -39,6 +41,8 @@ COMPARERS = frozenset({
     "array_equal", "array_equiv", "equal", "not_equal", "eq", "ne", "lt", "le", "gt", "ge", "is_",
     "is_not", "not_", "truth", "contains", "assert_equal", "assert_allclose", "assertEqual",
     "assertTrue", "assertFalse", "match", "fullmatch", "search", "startswith", "endswith"})
+# Third-party libraries a test may import (their functions are not the reply's own code).
+LIBRARIES = frozenset({"numpy", "scipy", "pandas", "sympy", "torch", "pytest", "hypothesis", "networkx"})
 _REFUSED = (ast.Compare, ast.BoolOp, ast.IfExp, ast.NamedExpr, ast.Await, ast.Yield, ast.YieldFrom)
 _BUILTIN_NAMES = frozenset(dir(builtins))
 
@@ -79,7 +83,7 @@ def _root(node: ast.expr) -> ast.expr:
     return node
 
 
-def _reply_call(node: ast.expr, foreign: frozenset[str]) -> bool:
+def _reply_call(node: ast.expr, foreign: Mapping[str, str]) -> bool:
     """Whether ``node`` is a call of the reply's own code: ``f(x)``, ``Stack().pop()``, ``f(x).y()``,
     rooted at a name that is neither a builtin nor one of the tests' imports."""
     root = _root(node)
@@ -87,11 +91,12 @@ def _reply_call(node: ast.expr, foreign: frozenset[str]) -> bool:
         and root.id not in foreign
 
 
-def check_jail_expr(node: ast.expr, foreign: frozenset[str] = frozenset()) -> None:
+def check_jail_expr(node: ast.expr, foreign: Mapping[str, str] | None = None) -> None:
     """``unsupported_test`` if evaluating ``node`` in the jail would compare anything there: a
     comparison, ``and`` / ``or`` / ``not``, a conditional, a walrus, a dunder attribute, or a
     comparing function (``COMPARERS``, ``min`` / ``max`` of several values) of a builtin or an
-    import (the reply's own functions may have any name)."""
+    import (the reply's own functions may have any name; an import's alias counts as its name)."""
+    foreign = foreign or {}
     for sub in ast.walk(node):
         if isinstance(sub, _REFUSED) or (isinstance(sub, ast.UnaryOp) and isinstance(sub.op, ast.Not)):
             raise _unsupported(f"{ast.unparse(node)!r} would compare inside the sandbox "
@@ -100,6 +105,7 @@ def check_jail_expr(node: ast.expr, foreign: frozenset[str] = frozenset()) -> No
             raise _unsupported(f"{ast.unparse(node)!r} uses the attribute {sub.attr!r}")
         if isinstance(sub, ast.Call) and not _reply_call(sub, foreign):
             name = _callee(sub.func)
+            name = foreign.get(name, name) if isinstance(sub.func, ast.Name) else name
             if name in COMPARERS or (name in ("min", "max") and len(sub.args) + len(sub.keywords) > 1):
                 raise _unsupported(f"{ast.unparse(node)!r} calls {name}, which would compare inside "
                                    "the sandbox")
@@ -108,7 +114,7 @@ def check_jail_expr(node: ast.expr, foreign: frozenset[str] = frozenset()) -> No
 class _Reader:
     """Reads one row's tests; ``foreign`` are the names its imports bind (not the reply's)."""
 
-    def __init__(self, foreign: frozenset[str]):
+    def __init__(self, foreign: Mapping[str, str]):
         self.foreign = foreign
 
     def expr(self, node: ast.expr) -> str:
@@ -216,15 +222,23 @@ def _tolerance(node: ast.Call) -> dict[str, float]:
     return out
 
 
-def _imported_names(tree: ast.Module) -> frozenset[str]:
-    """Names the tests' imports bind, except those imported from the solution itself."""
-    names = set()
+def _imported_names(tree: ast.Module) -> dict[str, str]:
+    """The names the tests' imports bind from libraries (the standard library's modules and
+    ``LIBRARIES``), each with the name it stands for (``m`` for ``from re import fullmatch as m``
+    stands for ``fullmatch``): not the reply's code. What they import from anything else
+    (``solution``, the package a repo task's model edits) is the reply's."""
+    names = {}
     for node in tree.body:
-        if isinstance(node, ast.ImportFrom) and node.module == "solution":
-            continue
-        if isinstance(node, ast.Import | ast.ImportFrom):
-            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
-    return frozenset(names)
+        if isinstance(node, ast.Import):
+            names |= {(a.asname or a.name).split(".")[0]: a.name for a in node.names if _library(a.name)}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and _library(node.module or ""):
+            names |= {a.asname or a.name: a.name for a in node.names}
+    return names
+
+
+def _library(module: str) -> bool:
+    top = module.split(".")[0]
+    return top in sys.stdlib_module_names or top in LIBRARIES
 
 
 def parse_tests(tests: str | list) -> tuple[list[str], list[Case]]:
@@ -269,4 +283,4 @@ def parse_tests(tests: str | list) -> tuple[list[str], list[Case]]:
     return imports, cases
 
 
-__all__ = ["CHECKS", "COMPARERS", "Case", "check_jail_expr", "parse_tests"]
+__all__ = ["CHECKS", "COMPARERS", "LIBRARIES", "Case", "check_jail_expr", "parse_tests"]

@@ -112,6 +112,16 @@ def test_documented_forms_are_read_into_checks_made_here():
         ("len(f(9))", "eq", 2), ("f(10)", "eq", 5), ("f(11)", "close", 0.3), ("f(12)", "is_none", None),
         ("f(13)", "is_false", None)]
     assert cases[12].abs_tol == 1e-6 and cases[12].rel_tol == 0.0 and cases[11].as_json
+    # What the tests import from a library is not the reply's (a truth check of it is refused);
+    # what they import from anything else (the package a repo task's model edits) is.
+    own = parse_tests("from pkg.mod import even\nassert even(4) == True")[1]
+    assert [c.check for c in own] == ["is_true"]
+    for library in ("from os.path import exists\nassert exists(f())",
+                    "import numpy as np\nassert np.any(f())",
+                    "from re import fullmatch as m\nassert m('a+', f()) is not None",
+                    "from builtins import all as every\nassert every(f()) == True"):
+        with pytest.raises(RewardError, match="unsupported_test"):
+            parse_tests(library)
     # A malformed row is still a plain ValueError (the dataset's fault), not unsupported_test.
     for bad in ([{"call": "f(1)"}], [{"call": 3, "expect": 1}], [{"call": "f(", "expect": 1}],
                 [{"call": "f(1)", "expect": 1, "extra": 2}], [{"call": "f(1)", "expect": "x", "abs_tol": 1}]):
