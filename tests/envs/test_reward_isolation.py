@@ -12,16 +12,14 @@ from __future__ import annotations
 import errno
 import logging
 import os
-import shutil
 import signal
 import stat
-import tempfile
 import threading
 import time
 from pathlib import Path
 
 import pytest
-from procs import proc_state
+from reward_procs import alive, scratch_dir, wait_dead
 
 import envs.rewards as rewards
 from envs.jail.uids import uid_processes
@@ -36,33 +34,16 @@ MiB, GiB = 1 << 20, 1 << 30
 DENIED = (errno.EPERM, errno.EACCES)
 
 
-def _alive(pid: int) -> bool:
-    return proc_state(pid) not in (None, "Z")
-
-
-def _wait_dead(pids: list[int], within_s: float = 10.0) -> list[int]:
-    deadline = time.monotonic() + within_s
-    while any(map(_alive, pids)) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return [p for p in pids if _alive(p)]
-
-
 @pytest.fixture(scope="module")
 def shared():
-    """A sticky world-writable directory (like /tmp) for pid files: calls run as other uids."""
-    path = Path(tempfile.mkdtemp(prefix="mixrl-reward-isolation-"))
-    path.chmod(0o1777)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+    """For pid files: any uid writes there, like /tmp."""
+    yield from scratch_dir("mixrl-reward-isolation-", 0o1777)
 
 
 @pytest.fixture(scope="module")
 def trainer_cwd():
     """The trainer's working directory: root's, open to read (0755), like a checkout."""
-    path = Path(tempfile.mkdtemp(prefix="mixrl-trainer-cwd-"))
-    path.chmod(0o755)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+    yield from scratch_dir("mixrl-trainer-cwd-", 0o755)
 
 
 @pytest.fixture(scope="module")
@@ -156,7 +137,7 @@ def test_a_call_signals_neither_the_trainer_nor_the_workers(pool):
     r = _attack(pool, "kill_everyone", r=0.5)
     assert r.reward == 0.5 and r.metrics["targets"] >= 2 and r.metrics["killed"] == 0, r
     assert r.metrics["errno"] == errno.EPERM
-    assert _workers(pool) == before and all(map(_alive, before))
+    assert _workers(pool) == before and all(map(alive, before))
     # kill(-1, SIGKILL) reaches the processes of the call's own uid but itself: none.
     r = _attack(pool, "kill_all_visible", r=0.5)
     assert (r.reward, r.reason) == (0.5, None), r
@@ -233,12 +214,12 @@ def test_what_a_call_starts_ends_with_it(pool, shared):
     r = _attack(pool, "escape_and_linger", pids_file=str(pids_file), r=0.5)
     assert r.reward == 0.5, r
     grandchild = int(pids_file.read_text().split()[0])
-    assert _wait_dead([grandchild]) == []
+    assert wait_dead([grandchild]) == []
     # A child in a user and pid namespace of its own.
     ns_file = shared / "ns"
     r = _attack(pool, "namespace_escape", pids_file=str(ns_file), r=0.5)
     assert r.reward == 0.5 and r.metrics["lingering"] >= 1, r
-    assert _wait_dead([int(p) for p in ns_file.read_text().split()]) == []
+    assert wait_dead([int(p) for p in ns_file.read_text().split()]) == []
     # A bomb of tasks stops at the cgroup's pids.max; the next call forks and scores normally.
     r = _attack(pool, "thread_bomb", r=0.5)
     assert r.reward == 0.5 and CALL_MAX_PIDS - 10 < r.metrics["started"] < CALL_MAX_PIDS, r
@@ -290,11 +271,11 @@ def test_close_kills_everything_even_after_the_worker_died(shared, monkeypatch):
         grandchild, call, kill_errno = map(int, pids_file.read_text().split())
         assert kill_errno == errno.EPERM
         supervisor = _workers(pool)[0]
-        assert _alive(supervisor) and _alive(grandchild)
+        assert alive(supervisor) and alive(grandchild)
         uid = int(Path(f"/proc/{grandchild}/status").read_text().split("Uid:")[1].split()[0])
         os.kill(supervisor, signal.SIGKILL)
         # The pool sees its worker die (the answer pipe's end) and kills the calls' cgroup at once.
-        assert _wait_dead([supervisor, grandchild, call]) == []
+        assert wait_dead([supervisor, grandchild, call]) == []
     finally:
         pool.close()
     thread.join(30)

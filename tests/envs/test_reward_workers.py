@@ -6,15 +6,13 @@ One real pool (``envs.rewards.RewardPool``, real worker processes) serves every 
 (``hostile_rewards:hostile``) does what the row's ``do`` says."""
 
 import os
-import shutil
-import tempfile
 import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from procs import proc_state
+from reward_procs import scratch_dir, wait_dead
 
 from envs.rewards import RewardPool
 from trainer_jax.service.tasks import RewardLedger
@@ -37,27 +35,14 @@ def pool():
 
 @pytest.fixture
 def shared_dir():
-    """A directory every uid can write (sticky, like /tmp): calls run under uids of their own as
-    root, and pytest's tmp_path (under a 0700 directory) is root's alone."""
-    path = Path(tempfile.mkdtemp(prefix="mixrl-reward-test-"))
-    path.chmod(0o1777)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+    """A directory every uid can write (calls run under uids of their own as root)."""
+    yield from scratch_dir("mixrl-reward-test-", 0o1777)
 
 
 def _score(pool, **task):
     return pool.score(completion="x", answer=None, prompt="p", task=task)
 
 
-def _alive(pid: int) -> bool:
-    return proc_state(pid) not in (None, "Z")
-
-
-def _wait_dead(pids: list[int], within_s: float = 5.0) -> list[int]:
-    deadline = time.monotonic() + within_s
-    while any(map(_alive, pids)) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return [p for p in pids if _alive(p)]
 
 
 def test_a_reward_that_forks_scores_zero_and_later_rewards_land_on_their_own_completions(pool):
@@ -98,12 +83,12 @@ def test_processes_a_call_starts_die_with_the_call(pool, shared_dir):
     r = _score(pool, do="leaves_children", r=0.75, pids_file=str(pids_file))
     assert r.reward == 0.75 and r.reason is None
     pids = [int(p) for p in pids_file.read_text().split()]
-    assert len(pids) == 2 and _wait_dead(pids) == []  # a setsid'd child and a double-forked daemon
+    assert len(pids) == 2 and wait_dead(pids) == []  # a setsid'd child and a double-forked daemon
     # The same after a timeout: the call, its child and its daemon are all killed.
     t0 = time.monotonic()
     r = _score(pool, do="leaves_children", hang=True, r=1.0, pids_file=str(pids_file))
     assert r.timed_out and r.reason == "timeout" and time.monotonic() - t0 < 6
-    assert _wait_dead([int(p) for p in pids_file.read_text().split()]) == []
+    assert wait_dead([int(p) for p in pids_file.read_text().split()]) == []
     assert _score(pool, r=0.5).reward == 0.5  # the same worker serves on: no re-import
     # A call past its timeout is asked to stop first: its finally blocks (a sandbox's close()) run.
     r = _score(pool, do="cleans_up", marker=str(shared_dir / "closed"))
@@ -128,7 +113,7 @@ def test_closing_the_pool_kills_a_running_call_and_everything_it_started(shared_
         pool.close()
     thread.join(10)
     assert done["r"].reward == 0.0 and done["r"].reason == "worker_died"
-    assert _wait_dead([*map(int, pids_file.read_text().split()), *worker_pids]) == []
+    assert wait_dead([*map(int, pids_file.read_text().split()), *worker_pids]) == []
     assert os.path.exists(pids_file)
 
 
