@@ -2,10 +2,13 @@
 to it is judged.
 
 At each publish the trainer samples a short continuation ``c`` of a few fixed prompts from its own
-policy ``p_v`` (temperature 1, seeded) and writes the tokens with ``log p_v(c_t | prompt, c_<t)``
-into every format directory of the version (listed in its manifest, so deltas and object stores
-carry it). After loading the version a sampler scores the same tokens with its recipe (``log q``)
-and reports them (``ReportProbe``, ``docs/wire.md``). The trainer, which holds ``p``, computes:
+policy ``p_v`` (temperature 1, seeded) and writes the tokens into every format directory of the
+version as ``probe.json`` (listed in its manifest, so deltas and object stores carry it). The
+trainer's ``log p_v(c_t | prompt, c_<t)`` is not in it: a sampler could send those numbers back
+and pass without scoring anything. The trainer keeps them in its run directory
+(``trainer_jax.service.probes``, ``<run>/probes/v00000012.json``). After loading the version a
+sampler scores the published tokens with its recipe (``log q``) and reports them (``ReportProbe``,
+``docs/wire.md``). The trainer, which holds ``p``, computes:
 
 - ``kl``: the k3 estimate of KL(p_v || q) on the probe tokens, which were drawn from p_v:
   ``mean_t [r_t - 1 - log r_t]`` with ``r_t = q(c_t) / p_v(c_t)`` (unbiased, never negative);
@@ -29,11 +32,19 @@ from collections.abc import Sequence
 from pathlib import Path
 
 PROBE_FILE = "probe.json"
-PROBE_FORMAT = 1
+#: 2: what is published (tokens only; the trainer's log p is kept in its run directory); 1: older
+#: files, log p inside, still read (a version published before the change, a benchmark's case)
+PROBE_FORMAT = 2
+READ_FORMATS = (1, 2)
 
 #: verdicts of one report, in the order they are decided
 NOOP_RELOAD, ERROR, OLDER, ABOVE_BOUND, UNDECIDED, OK = (
     "noop_reload", "error", "older", "above_bound", "undecided", "ok")
+
+
+#: float32 rounding of a peaked log-softmax (as ``trainer_jax.service.validation``): above it a
+#: reported log-probability is malformed, not a probability
+LOGPROB_TOL = 1e-5
 
 
 class ProbeError(ValueError):
@@ -63,46 +74,76 @@ class PreviousProbe:
 
     version: int
     continuations: list[list[int]]
-    logprobs: list[list[float]]       # log p_{v-1}: what the previous version gave them
-    logprobs_now: list[list[float]]   # log p_v: what this version gives them
+    logprobs: list[list[float]] | None = None      # log p_{v-1}: what the previous version gave them
+    logprobs_now: list[list[float]] | None = None  # log p_v: what this version gives them
 
 
 @dataclasses.dataclass(frozen=True)
 class Probe:
-    """``probe.json`` of version ``version`` (``PROBE_FORMAT``)."""
+    """The probe of version ``version``: the trainer's record (with its log p) or, with
+    ``logprobs`` ``None``, what is published (``public()``, ``probe.json``)."""
 
     version: int
     seed: int
     prompts: list[list[int]]
     continuations: list[list[int]]
-    logprobs: list[list[float]]       # log p_v(c_t | prompt, c_<t), float32 from the trainer
+    logprobs: list[list[float]] | None  # log p_v(c_t | prompt, c_<t), float32; None: published
     previous: PreviousProbe | None = None
     temperature: float = 1.0
 
     def to_json(self) -> dict:
+        """``PROBE_FORMAT``; log p only where the probe holds them (the trainer's record)."""
         d = dataclasses.asdict(self)
+        for part in (d, d["previous"] or {}):
+            for key in ("logprobs", "logprobs_now"):
+                if key in part and part[key] is None:
+                    del part[key]
         return {"probe_format": PROBE_FORMAT, **d}
+
+    def public(self) -> Probe:
+        """What a sampler gets: the tokens to score, none of the trainer's log p."""
+        prev = self.previous
+        return dataclasses.replace(
+            self, logprobs=None,
+            previous=None if prev is None else PreviousProbe(prev.version, prev.continuations))
+
+    @property
+    def has_logprobs(self) -> bool:
+        """Whether reports can be judged against it (the trainer's record, or an older file)."""
+        return self.logprobs is not None and (
+            self.previous is None or (self.previous.logprobs is not None
+                                      and self.previous.logprobs_now is not None))
 
     @classmethod
     def from_json(cls, data, where: str = PROBE_FILE) -> Probe:
         """Parse and check a decoded ``probe.json``; ``ProbeError`` names what is wrong."""
         if not isinstance(data, dict):
             raise ProbeError(f"{where}: expected a JSON object")
-        if data.get("probe_format") != PROBE_FORMAT:
-            raise ProbeError(f"{where}: probe_format {data.get('probe_format')!r}, expected "
-                             f"{PROBE_FORMAT}")
+        fmt = data.get("probe_format")
+        if fmt not in READ_FORMATS or isinstance(fmt, bool):
+            raise ProbeError(f"{where}: probe_format {fmt!r}, expected one of "
+                             f"{', '.join(map(str, READ_FORMATS))}")
+        # Format 1 always carried log p; in format 2 they are there only in the trainer's record.
+        def logp(part: dict, key: str, label: str) -> list[list[float]] | None:
+            if fmt == 1 or key in part:
+                return _rows(part[key], f"{where}: {label}", float)
+            return None
+
         try:
             prompts = _rows(data["prompts"], f"{where}: prompts", int)
             conts = _rows(data["continuations"], f"{where}: continuations", int)
-            lps = _rows(data["logprobs"], f"{where}: logprobs", float)
+            lps = logp(data, "logprobs", "logprobs")
             prev = data.get("previous")
             previous = None
             if prev is not None:
+                if not isinstance(prev, dict):
+                    raise ProbeError(f"{where}: previous: expected an object")
                 pc = _rows(prev["continuations"], f"{where}: previous.continuations", int)
-                pl = _rows(prev["logprobs"], f"{where}: previous.logprobs", float)
-                pn = _rows(prev["logprobs_now"], f"{where}: previous.logprobs_now", float)
-                _same_shape(pc, pl, f"{where}: previous")
-                _same_shape(pc, pn, f"{where}: previous")
+                pl = logp(prev, "logprobs", "previous.logprobs")
+                pn = logp(prev, "logprobs_now", "previous.logprobs_now")
+                for rows in (pl, pn):
+                    if rows is not None:
+                        _same_shape(pc, rows, f"{where}: previous")
                 if len(pc) != len(prompts):
                     raise ProbeError(f"{where}: previous has {len(pc)} continuations for "
                                      f"{len(prompts)} prompts")
@@ -114,7 +155,8 @@ class Probe:
         if len(conts) != len(prompts) or not prompts or any(not p for p in prompts):
             raise ProbeError(f"{where}: {len(prompts)} prompts (none empty) need as many "
                              f"continuations, got {len(conts)}")
-        _same_shape(conts, lps, where)
+        if lps is not None:
+            _same_shape(conts, lps, where)
         return probe
 
     @property
@@ -156,8 +198,8 @@ def compare(logp: Sequence[float], logq: Sequence[float]) -> Comparison:
         return Comparison(0.0, 0.0, 0.0, 0)
     kl = mx = total = 0.0
     for a, b in zip(logp, logq, strict=True):
-        if not math.isfinite(b):
-            raise ProbeError(f"reported log-probability {b} is not finite")
+        if not math.isfinite(b) or b > LOGPROB_TOL:
+            raise ProbeError(f"reported log-probability {b} is not finite and <= 0")
         d = min(max(b - a, -50.0), 50.0)  # log r, clipped so exp stays finite
         kl += math.exp(d) - 1.0 - d
         mx = max(mx, abs(b - a))
@@ -191,7 +233,11 @@ def judge(probe: Probe, logq: Sequence[float], previous_logq: Sequence[float], b
     ``probe.previous.continuations`` or empty): ``older`` when it decidably serves the previous
     version, ``above_bound`` when its KL or max |Δ| exceeds ``bound``, ``undecided`` when the two
     versions are closer than ``margin`` times the recipe's noise (the larger of ``bound.noise`` and
-    the report's own distance to the nearer version: it then cannot tell), else ``ok``."""
+    the report's own distance to the nearer version: it then cannot tell), else ``ok``.
+    ``ProbeError`` for a probe without log p (a published one: nothing to judge against)."""
+    if not probe.has_logprobs:
+        raise ProbeError(f"the probe of version {probe.version} holds no log p (a published "
+                         f"{PROBE_FILE}): reports are judged against the trainer's record")
     current = compare(flatten(probe.logprobs), logq)
     separation, verdict, reason = 0.0, OK, ""
     prev = probe.previous
@@ -218,5 +264,5 @@ def judge(probe: Probe, logq: Sequence[float], previous_logq: Sequence[float], b
 
 
 __all__ = ["ABOVE_BOUND", "ERROR", "NOOP_RELOAD", "OK", "OLDER", "PROBE_FILE", "PROBE_FORMAT",
-           "UNDECIDED", "Bound", "Comparison", "Judgement", "PreviousProbe", "Probe", "ProbeError",
-           "compare", "flatten", "judge", "read_probe"]
+           "READ_FORMATS", "UNDECIDED", "Bound", "Comparison", "Judgement", "PreviousProbe", "Probe",
+           "ProbeError", "compare", "flatten", "judge", "read_probe"]

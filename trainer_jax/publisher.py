@@ -13,9 +13,12 @@ or one that a group loads with an FP8 e4m3 KV cache (``kv_cache_formats``, ``k_s
 without it.
 
 With a ``prober`` (``trainer_jax.probe``; ``service.probe``) each request also samples and scores
-the version probe in the caller's thread and writes it as ``probe.json`` into every format
-(``mixrl_wire.probe``); ``probes`` keeps the recent ones for the rollout service to judge reports
-against. A probe that fails is reported in ``errors`` and that version is published without one.
+the version probe in the caller's thread and writes its tokens as ``probe.json`` into every
+format (``mixrl_wire.probe``; not the trainer's log p, which a sampler could send back unscored);
+``probes`` keeps the recent ones with their log p for the rollout service to judge reports
+against, and ``probe_dir`` (``<run>/probes``, never published) keeps them on disk for
+``mixrl-train serve``. A probe that fails is reported in ``errors`` and that version is published
+without one.
 """
 
 from __future__ import annotations
@@ -33,6 +36,10 @@ from convert.store import open_store
 from mixrl_wire.probe import PROBE_FILE, Probe
 from trainer_jax.models import Qwen3
 from trainer_jax.parallel.publish import iter_gathered_hf_tensors
+from trainer_jax.service.probes import prune_records, write_record
+
+#: probes kept in memory (reports come for recent versions only), and at least as many records
+KEEP_PROBES = 8
 
 
 def snapshot(model: Qwen3) -> dict[str, np.ndarray]:
@@ -60,14 +67,14 @@ class Publisher:
                  delta: bool = False, full_every: int = 10, engines: Callable[[], str] = lambda: "serving",
                  calibrator: Callable[[int], Calibration | None] | None = None,
                  kv_cache_formats: Callable[[], list[str]] = list,
-                 prober: Callable[[int], Probe] | None = None):
+                 prober: Callable[[int], Probe] | None = None, probe_dir: Path | None = None):
         self.store = open_store(out_root)
         self.out_root, self.config, self.formats = out_root, config, formats
         self.tokenizer_dir, self.keep_last, self.on_published = tokenizer_dir, keep_last, on_published
         self.delta, self.full_every = delta, full_every
         self.engines = engines  # which loaders the exports must suit (convert.export_hf ``engines``)
         self.calibrator, self.kv_cache_formats = calibrator, kv_cache_formats
-        self.prober = prober
+        self.prober, self.probe_dir = prober, probe_dir
         # An object store's versions are staged locally; the full exports kept there are the
         # next deltas' bases and the directories samplers start from.
         self.cache_dir = None if self.store.local is not None else default_cache_dir(self.store)
@@ -116,18 +123,22 @@ class Publisher:
         remote = self.cache_dir is not None
         report: dict = {}
         full_every = 1 if first or not self.delta else self.full_every
+        if probe is not None and self.probe_dir is not None:  # the record before any sampler loads
+            write_record(self.probe_dir, probe)
         paths = publish(tensors, self.config, self.out_root, version, self.formats(),
                         keep_last=self.keep_last, tokenizer_dir=self.tokenizer_dir,
                         delta=self.delta or remote, full_every=full_every, cache_dir=self.cache_dir,
                         report=report, engines=self.engines(), calibration=calibration,
                         kv_cache_formats=kv_formats,
-                        extra_json={PROBE_FILE: probe.to_json()} if probe is not None else None)
+                        extra_json={PROBE_FILE: probe.public().to_json()} if probe is not None else None)
         self.published.append(version)
         self.reports.append((version, report))
         if probe is not None:
             self.probes[version] = probe
-            for old in sorted(self.probes)[:-8]:  # reports come for recent versions only
+            for old in sorted(self.probes)[:-KEEP_PROBES]:
                 del self.probes[old]
+            if self.probe_dir is not None and self.keep_last is not None:  # as versions are kept
+                prune_records(self.probe_dir, max(self.keep_last, KEEP_PROBES))
         self.on_published(version, paths)
         return {f: self.cache_dir / f for f in paths} if remote else paths
 

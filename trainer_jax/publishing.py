@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from trainer_jax.calibration import Calibrator, fp8_kv_formats, group_kv_pairs
 from trainer_jax.probe import Prober
 from trainer_jax.publisher import Publisher
+from trainer_jax.service.probes import RECORD_DIR
 
 if TYPE_CHECKING:
     from trainer_jax.train import Trainer
@@ -38,7 +39,8 @@ def start_publisher(trainer: Trainer) -> Publisher:
         full_every=wcfg.full_every, engines=trainer.export_engines, calibrator=trainer.calibrator,
         kv_cache_formats=lambda: fp8_kv_formats(group_kv_pairs(
             cfg.groups, trainer.service.status()["samplers"])),
-        prober=(lambda v: prober(trainer.model, v)) if prober else None)
+        prober=(lambda v: prober(trainer.model, v)) if prober else None,
+        probe_dir=trainer.run_dir / RECORD_DIR)  # the probes' log p: kept, never published
 
 
 __all__ = ["start_publisher"]

@@ -25,6 +25,15 @@ A report is judged in this order (``mixrl_wire.probe``):
 
 A report that passes sets the sampler's ``verified_version``. Samplers that never report stay
 ``unverified`` (verified_version -1), which ``Status`` and the status line show.
+
+**What reports are judged against.** The published ``probe.json`` holds the tokens only; a
+report that sends back what it holds has no log p to send. The trainer keeps each version's
+probe with its log p in memory and in its run directory (``<run>/probes/v00000012.json``,
+``write_record``, never published). ``mixrl-train serve`` publishes a directory without a
+trainer: its probe's log p come from the record of the run directory (``run.dir``) or of the
+directory the versions sit in (``<run>/weights/v.../`` -> ``<run>/probes``); an older
+``probe.json`` with log p inside is used as is. With no record found, that version's reports are
+not judged: each gets the verdict ``error`` naming the missing record (``Status`` shows it).
 """
 
 from __future__ import annotations
@@ -32,7 +41,9 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import statistics
+import tempfile
 import threading
 from collections.abc import Mapping
 from pathlib import Path
@@ -57,6 +68,56 @@ BOUNDS_FILE = Path(__file__).with_name("probe_bounds.json")
 RECENT = 16
 #: used for a recipe nothing was measured for: loose enough that only a broken sampler alarms
 DEFAULT_BOUND = Bound(kl=0.05, max_abs=2.0, noise=1e-3)
+
+
+#: the trainer's probe records (with log p) in the run directory, never published
+RECORD_DIR = "probes"
+
+
+def record_path(directory: str | Path, version: int) -> Path:
+    """Where the record of ``version`` lives under ``directory`` (``<run>/probes``)."""
+    return Path(directory) / f"v{int(version):08d}.json"
+
+
+def write_record(directory: str | Path, probe: Probe) -> Path:
+    """Keep ``probe`` (with its log p) as ``directory/v{version:08d}.json``, written to a
+    temporary file and renamed: a reader sees the whole record or none."""
+    path = record_path(directory, probe.version)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(probe.to_json(), f)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
+def prune_records(directory: str | Path, keep: int) -> None:
+    """Remove all but the ``keep`` newest records (versions no sampler loads any more)."""
+    found = sorted(Path(directory).glob("v" + "[0-9]" * 8 + ".json"))
+    for old in found[:-keep] if keep > 0 else []:
+        old.unlink(missing_ok=True)
+
+
+def read_record(directory: str | Path, published: Probe) -> Probe | None:
+    """The record under ``directory`` of ``published``'s version, if there is one with log p and
+    the very tokens that were published (a record of another run is not used)."""
+    path = record_path(directory, published.version)
+    if not path.is_file():
+        return None
+    try:
+        record = Probe.from_json(json.loads(path.read_text()), str(path))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, ProbeError) as e:
+        log.warning("probe record %s unusable: %s", path, e)
+        return None
+    if record.public() != published.public() or not record.has_logprobs:
+        log.warning("probe record %s is not the record of the published probe (other tokens, or "
+                    "no log p): not used", path)
+        return None
+    return record
 
 
 def load_bounds(path: str | Path = BOUNDS_FILE) -> dict[str, Bound]:
@@ -99,15 +160,22 @@ class ProbeBook:
         #: group -> its first reports' (kl, max_abs), the baseline of ``bounds: run``
         self.baselines: dict[str, list[tuple[float, float]]] = {}
         self.alarms: list[str] = []  # one line each time a sampler goes above its bound
+        #: where ``add_from_dir`` looks for the trainer's records first (``<run.dir>/probes``)
+        self.record_dir: Path | None = None
+        #: version -> why its reports cannot be judged (a published probe without its record)
+        self.unjudged: dict[int, str] = {}
 
     def add(self, probe: Probe) -> None:
+        """Keep ``probe`` (with its log p: the trainer's own) to judge its version's reports."""
         with self.lock:
             self.probes[probe.version] = probe
+            self.unjudged.pop(probe.version, None)
             for old in sorted(self.probes)[:-self.keep]:
                 del self.probes[old]
 
     def add_from_dir(self, version: int, directory: str | Path) -> None:
-        """The probe written into a local export directory (``mixrl-train serve``), if any."""
+        """The probe of a local export directory (``mixrl-train serve``), if any: its log p from
+        the trainer's record (see the module docstring), or from an older ``probe.json``."""
         from mixrl_wire.probe import read_probe
 
         try:
@@ -115,8 +183,30 @@ class ProbeBook:
         except ProbeError as e:
             log.warning("version %d: %s (no probe for this version)", version, e)
             return
-        if probe is not None:
-            self.add(probe)
+        if probe is None:
+            return
+        if not probe.has_logprobs:
+            places = self._record_places(Path(directory))
+            record = next((r for r in (read_record(d, probe) for d in places) if r is not None), None)
+            if record is None:
+                why = (f"the trainer's log p of version {probe.version} is in none of "
+                       f"{', '.join(str(record_path(d, probe.version)) for d in places)}: "
+                       "reports are not judged")
+                log.warning("%s", why)
+                with self.lock:
+                    self.unjudged[probe.version] = why
+                return
+            probe = record
+        self.add(probe)
+
+    def _record_places(self, directory: Path) -> list[Path]:
+        """``record_dir``, then ``probes/`` beside the versions' root: an export sits at
+        ``<run>/weights/v.../<format>`` or ``<run>/weights/v...``."""
+        places = [] if self.record_dir is None else [self.record_dir]
+        for up in list(directory.absolute().parents)[:3]:
+            if up.name == "weights" and (up.parent / RECORD_DIR) not in places:
+                places.append(up.parent / RECORD_DIR)
+        return places
 
     def report(self, s: Session, req: pb.ProbeReport) -> tuple[int, str]:
         """Judge one report of session ``s`` (updating ``s.probe``); return ``(action, reason)``
@@ -132,8 +222,9 @@ class ProbeBook:
             return pb.ProbeAck.OK, st.reason
         with self.lock:
             probe = self.probes.get(int(req.version))
+            unjudged = self.unjudged.get(int(req.version))
         if probe is None:
-            st.verdict, st.reason = ERROR, f"no probe kept for version {req.version}"
+            st.verdict, st.reason = ERROR, unjudged or f"no probe kept for version {req.version}"
             return pb.ProbeAck.OK, st.reason
         recipe = s.recipe.get("name", "")
         device = s.device.get("type", "") or "cpu"
@@ -218,4 +309,5 @@ class ProbeBook:
         return out
 
 
-__all__ = ["BOUNDS_FILE", "DEFAULT_BOUND", "ProbeBook", "bound_for", "load_bounds"]
+__all__ = ["BOUNDS_FILE", "DEFAULT_BOUND", "RECORD_DIR", "ProbeBook", "bound_for", "load_bounds",
+           "prune_records", "read_record", "record_path", "write_record"]

@@ -35,7 +35,7 @@ from trainer_jax.config import RunConfig, ServiceConfig
 from trainer_jax.cost import accelerator_mismatch
 from trainer_jax.service.auth import BearerTokenInterceptor, server_credentials
 from trainer_jax.service.buffer import TrajectoryGroup
-from trainer_jax.service.probes import ProbeBook
+from trainer_jax.service.probes import RECORD_DIR, ProbeBook
 from trainer_jax.service.router import Router
 from trainer_jax.service.scheduler import Duplicate, Rejected, Scheduler
 from trainer_jax.service.scoring import ScoringBuffer
@@ -316,8 +316,9 @@ class RolloutService:
 
         ``manifests``: per format, a converter manifest dict (``{"files": {rel: {"sha256", "size"}}}``);
         by default the directory's ``manifest.json`` (or one computed here if it has none).
-        ``probe``: the version's probe (else the ``probe.json`` of a local directory, if any),
-        what samplers' ``ReportProbe`` calls are judged against.
+        ``probe``: the version's probe with the trainer's log p (else the ``probe.json`` of a local
+        directory with its record: ``ProbeBook.add_from_dir``), what samplers' ``ReportProbe``
+        calls are judged against.
         Versions must increase; trajectories may then carry tokens of any version up to this one.
         """
         if probe is not None:
@@ -454,6 +455,8 @@ class RolloutService:
         svc.router.configure(cfg.group_prices(), cfg.train.max_staleness)  # policy cost's inputs
         svc.accelerators = {g.name: g.accelerator for g in cfg.groups}  # checked at registration
         svc.partial_rollouts = cfg.train.partial_rollouts
+        # The trainer's probe records (log p, never published): what `serve` judges reports with.
+        svc.probes.record_dir = Path(cfg.run.dir) / RECORD_DIR
         return svc
 
 
