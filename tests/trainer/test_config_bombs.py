@@ -173,7 +173,7 @@ ATTACKS = {
     "huge_value_in_message": (None, ["tasks.env=" + "y" * 60_000], "tasks: unknown environment 'yyy"),
     "big_list_in_message": (None, ["groups[bf16].capacity=[" + "1," * 2_000 + "1]"],
                             "groups.0.capacity: Input should be a valid integer, got [1, 1, 1"),
-    "selector_on_a_section": (None, ["train[x].rows=3"], "no train list to pick ['x'] from"),
+    "selector_on_a_section": (None, ["train[x].rows=3"], "the config has no list train to pick [x] from"),
     "selector_unknown_on_defaults": (None, ["groups[fp8].spawn=false"], "no group named 'fp8' (known: bf16)"),
     "malformed_key": (None, ["groups[bf16]spawn=false"], "is not of the form a.b.c or a[NAME].c"),
 }

@@ -47,12 +47,16 @@ def parse_key(key: str, override: str) -> list[str]:
                               "or a[NAME].c")
 
 
+def _cut(text: str, limit: int = 60) -> str:
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 def _entry(items: Any, name: str, where: str, override: str) -> int:
     """The index of the entry of the list ``items`` named ``name``."""
     if not isinstance(items, list):
         raise ConfigError(f"override {short(override)}: {where!r} is not a list of named entries, so "
-                          f"[{short(name, 60)}] cannot pick one")
-    names = [e.get("name") for e in items if isinstance(e, dict)]
+                          f"[{_cut(name)}] cannot pick one")
+    names = [e["name"] for e in items if isinstance(e, dict) and e.get("name") is not None]
     for i, e in enumerate(items):
         if isinstance(e, dict) and e.get("name") == name:
             return i
@@ -103,8 +107,8 @@ def apply_override(tree: dict[str, Any], override: str,
                 if i == 0 and defaults and part in defaults:
                     node[part] = copy.deepcopy(list(defaults[part]))
                 else:
-                    raise ConfigError(f"override {short(override)}: the config has no {'.'.join(where)} "
-                                      f"list to pick [{short(nxt, 60)}] from")
+                    raise ConfigError(f"override {short(override)}: the config has no list "
+                                      f"{'.'.join(where)} to pick [{_cut(nxt)}] from")
             else:
                 node[part] = {}
         node = node[part]
