@@ -154,6 +154,17 @@ def pack_sequences(sequences: list[tuple[list[int], list[int]]], *, rows: int, r
     return packer.inputs(token_rows, token_cols), targets, mask, count
 
 
+def non_finite_advantages(advantages: np.ndarray) -> np.ndarray:
+    """Which prompt groups of ``advantages`` [P, G] (float32, as trained) hold a value that is not
+    finite, as a bool [P]. Their tokens reach the objective, which drops them (``dropped``): in
+    float32 a group of rewards near 3e38 overflows its mean or std to inf, and its advantages
+    come out NaN although every reward is finite (``trainer_jax.diagnostics.AdvantageAlarm``)."""
+    a = np.asarray(advantages)
+    if a.ndim != 2:
+        raise ValueError(f"advantages must be [P, G], got shape {a.shape}")
+    return ~np.isfinite(a).all(axis=1)
+
+
 def pack(samples: list[Sample], advantages: np.ndarray, *, rows: int, row_len: int, max_tokens: int,
          head_k: int, support_k: int, temperature: float, trainer_version: int,
          max_staleness: int | None = None) -> tuple[PackedInputs, TokenBatch, list[int]]:

@@ -14,6 +14,8 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
+import numpy as np
+
 METRICS_FILE = "metrics.jsonl"
 
 # The curves `mixrl-train plot` draws, each a list of metric-name prefixes (one line per match).
@@ -236,6 +238,46 @@ class CollapseAlarms:
         cleared = [f"cleared: {kind}" for kind in sorted(self._raised - kinds.keys())]
         self._raised = set(kinds)
         return raised + cleared
+
+
+class AdvantageAlarm:
+    """Groups whose float32 advantages came out NaN or inf (``batching.non_finite_advantages``).
+
+    The objective drops such tokens and counts them in ``dropped`` with every other inconsistent
+    record; this names the reason. ``check`` returns the step's metrics,
+    ``dropped/non_finite_advantage`` (the share of the step's policy tokens that belong to such
+    groups, a part of ``dropped``) and ``dropped/non_finite_advantage_groups``, and the alarm: one
+    line, the first time only, naming the group (its task, sampler groups and reward range).
+    """
+
+    def __init__(self) -> None:
+        self.raised = False
+        self.groups_total = 0
+
+    def check(self, groups: list, advantages: np.ndarray) -> tuple[dict[str, float], list[str]]:
+        """``groups``: the step's ``TrajectoryGroup`` s, in the order of ``advantages`` [P, G]."""
+        from trainer_jax.batching import non_finite_advantages
+
+        bad = non_finite_advantages(advantages)
+        tokens = [[int(np.sum(t.loss_mask)) for t in g.trajectories] for g in groups]
+        total = sum(map(sum, tokens))
+        dropped = sum(sum(n) for n, b in zip(tokens, bad, strict=True) if b)
+        values = {"dropped/non_finite_advantage": dropped / max(total, 1),
+                  "dropped/non_finite_advantage_groups": float(bad.sum())}
+        self.groups_total += int(bad.sum())
+        alarms = []
+        if bad.any() and not self.raised:
+            self.raised = True
+            i = int(np.argmax(bad))
+            g = groups[i]
+            rewards = [float(t.reward or 0.0) for t in g.trajectories]
+            samplers = sorted({str(getattr(t, "group", "") or "?") for t in g.trajectories})
+            alarms.append(
+                f"non-finite advantages: the group of task {g.task_id} (sampler group "
+                f"{', '.join(samplers)}; rewards {min(rewards):.3g} .. {max(rewards):.3g}) has NaN or "
+                f"inf float32 advantages, its {sum(tokens[i])} tokens dropped; this and later "
+                "groups are counted in dropped/non_finite_advantage")
+        return values, alarms
 
 
 def _matching(names: Iterable[str], pattern: str) -> list[str]:
