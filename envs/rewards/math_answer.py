@@ -15,9 +15,14 @@ Values are exact where they can be: numbers are ``Fraction`` s (``0.33`` is 33/1
 Symbols are given the same random integers on both sides (two draws), so ``x^2+2x+1`` equals
 ``(x+1)^2`` by exact arithmetic (a polynomial identity that holds at random points holds; a wrong
 one does so with probability about degree / 2^32). Irrational parts (``\\sqrt{2}``, ``\\pi``,
-``8^{1/2}``) are computed with mpmath to ``50 + 4 x`` the digits the two answers contain and
-equal when they agree to half of that: ``2\\sqrt{2}`` equals ``\\sqrt{8}``, while a decimal
-written to any number of digits is never equal to the irrational it approximates.
+``8^{1/2}``) are computed as intervals (``mpmath.iv``) that certainly hold the value: two answers
+differ when their intervals are apart, and are equal when they meet with widths below 10^-10
+past the digits the two answers hold together plus 20 (the precision grows with the values'
+magnitude and with any cancellation, up to ``MAX_MAGNITUDE`` digits). So ``2\\sqrt{2}`` equals
+``\\sqrt{8}`` and ``(\\sqrt{2}+1)^{64} - (\\sqrt{2}-1)^{-64}`` equals 0, while a decimal written to
+any number of digits never equals the irrational it approximates, nor ``\\pi^{100} + 1``
+equals ``\\pi^{100}``. A division by what may be 0 (``1/(\\sqrt{2}-\\sqrt{2})``) is no value, and so is a
+fractional power of a negative number unless the root is odd (``\\sqrt[3]{-8}`` is -2).
 
 Forms read as the answer, not as part of it (``normalise``): ``$`` and ``\\$``, ``\\left`` /
 ``\\right``, spacing commands, ``\\text{}`` / ``\\mathrm{}`` wrappers, a trailing period, a
@@ -39,9 +44,11 @@ MAX_DIGITS = 100
 MAX_BITS = 32_768
 MAX_EXPONENT = 10_000
 MAX_ROOT = 100
+MAX_MAGNITUDE = 10_000  # decimal digits before the point of an inexact value that is compared
+MAX_POWERS = 32  # powers and roots in one answer: each inexact one costs a log and an exp at full precision
 _DRAWS = 2
 
-Value = Fraction | object  # an exact Fraction, or an mpmath mpf / mpc
+Value = Fraction | object  # an exact Fraction, or an mpmath interval (mpmath.iv) enclosing the value
 
 
 class Unparseable(ValueError):
@@ -148,7 +155,13 @@ class _Parser:
     ``("root", node, index)``; sums and products are flat, so a long one is not a deep tree."""
 
     def __init__(self, toks: list[tuple[str, str]]):
-        self.toks, self.i, self.depth = toks, 0, 0
+        self.toks, self.i, self.depth, self.powers = toks, 0, 0, 0
+
+    def counted(self, node: tuple) -> tuple:
+        self.powers += 1
+        if self.powers > MAX_POWERS:
+            raise Unparseable(f"over {MAX_POWERS} powers and roots")
+        return node
 
     def peek(self) -> tuple[str, str] | None:
         return self.toks[self.i] if self.i < len(self.toks) else None
@@ -210,7 +223,7 @@ class _Parser:
         self.enter()
         exponent = self.unary()  # right-associative: 2^3^2 is 2^9; 2^-1 is allowed
         self.depth -= 1
-        return ("pow", base, exponent)
+        return self.counted(("pow", base, exponent))
 
     def group(self, close: str) -> tuple:
         self.enter()
@@ -241,9 +254,9 @@ class _Parser:
                 index = self.group("]")
             if text == "sqrt" and self.peek() == ("op", "("):  # sqrt(2), as plain text writes it
                 self.take()
-                return ("root", self.group(")"), index)
+                return self.counted(("root", self.group(")"), index))
             self.take(("op", "{"))
-            return ("root", self.group("}"), index)
+            return self.counted(("root", self.group("}"), index))
         raise Unparseable(f"unexpected {text[:20]!r}")
 
 
@@ -292,15 +305,32 @@ def _iroot(n: int, k: int) -> int | None:
     return lo if lo ** k == n else None
 
 
-def _mp(v: Value):
-    import mpmath
+def _iv():
+    from mpmath import iv  # interval arithmetic: every inexact value carries its error bounds
 
-    return mpmath.mpf(v.numerator) / v.denominator if isinstance(v, Fraction) else v
+    return iv
+
+
+def _inexact(v: Value):
+    """``v`` as an mpmath interval at the current precision (a fraction's bounds enclose it)."""
+    return _iv().mpf(v.numerator) / v.denominator if isinstance(v, Fraction) else v
+
+
+def _real(v):
+    """``v`` if it is a real interval with finite bounds; ``Unparseable`` for a complex one
+    (``(-8)^{1/3}``) or one without bounds."""
+    from mpmath.libmp import finf, fnan, fninf
+
+    if not isinstance(v, _iv().mpf) or any(end in (finf, fninf, fnan) for end in v._mpi_):
+        raise Unparseable("not a finite real number")
+    return v
+
+
+def _may_be_zero(v: Value) -> bool:
+    return v == 0 if isinstance(v, Fraction) else bool(v.a <= 0 <= v.b)
 
 
 def _power(base: Value, exp: Value) -> Value:
-    import mpmath
-
     if isinstance(exp, Fraction):
         if abs(exp.numerator) > MAX_EXPONENT or exp.denominator > MAX_ROOT:
             raise Unparseable("an exponent over the bound")
@@ -317,43 +347,56 @@ def _power(base: Value, exp: Value) -> Value:
                 top, bottom = _iroot(base.numerator, k), _iroot(base.denominator, k)
                 if top is not None and bottom is not None:
                     return _exact(Fraction(top, bottom) ** exp.numerator)
-    elif abs(exp) > MAX_EXPONENT:
+        if exp.denominator % 2 and (base < 0 if isinstance(base, Fraction) else base.b < 0):
+            odd = -1 if exp.numerator % 2 else 1  # an odd root of a negative number is real: (-8)^(1/3) = -2
+            return odd * _power(-base, exp)
+        if exp.denominator == 1:  # an interval to a whole power: exact rules, its sign kept
+            if exp < 0 and _may_be_zero(base):
+                raise ZeroDivisionError("0 to a negative power")
+            return _real(_inexact(base) ** exp.numerator)
+    elif max(abs(exp.a), abs(exp.b)) > MAX_EXPONENT:
         raise Unparseable("an exponent over the bound")
-    return mpmath.power(_mp(base), _mp(exp))  # mpmath's exponents are unbounded ints: no overflow
+    base = _inexact(base)
+    if base.a < 0:  # a root or a real power of a negative number is not a real number
+        raise Unparseable("a fractional power of a negative number")
+    if _may_be_zero(base):
+        raise ZeroDivisionError("a fractional power of a number that may be 0")
+    return _real(_iv().power(base, _inexact(exp)))  # mpmath's exponents are unbounded ints
 
 
 def value(node: tuple, env: dict[str, Fraction]) -> Value:
-    """The value of a tree with the symbols' values in ``env``; ZeroDivisionError for a division by
-    zero, ``Unparseable`` past a bound. mpmath's precision is the caller's (``answers_equal``)."""
+    """The value of a tree with the symbols' values in ``env``: an exact Fraction, or an mpmath
+    interval enclosing it; ZeroDivisionError for a division by (what may be) zero, ``Unparseable``
+    past a bound. The intervals' precision is the caller's (``answers_equal``)."""
     kind = node[0]
     if kind == "num":
         return node[1]
     if kind == "sym":
         return env[node[1]]
     if kind == "pi":
-        import mpmath
-
-        return +mpmath.pi
+        return _iv().pi * 1
     if kind == "neg":
         return -value(node[1], env)
     if kind == "sum":
         total: Value = Fraction(0)
         for sign, term in node[1]:
             v = value(term, env)
-            total = total + v if sign == "+" else total - v
-            if isinstance(total, Fraction):
-                _exact(total)
+            if isinstance(total, Fraction) and isinstance(v, Fraction):
+                total = _exact(total + v if sign == "+" else total - v)
+            else:
+                total = _real(_inexact(total) + _inexact(v) if sign == "+" else _inexact(total) - _inexact(v))
         return total
     if kind == "prod":
         product: Value = Fraction(1)
         for op, factor in node[1]:
             v = value(factor, env)
-            if op == "/" and v == 0:
-                raise ZeroDivisionError("division by zero")
+            if op == "/" and _may_be_zero(v):
+                raise ZeroDivisionError("division by (what may be) zero")
             if isinstance(product, Fraction) and isinstance(v, Fraction):
                 product = _exact(product * v if op == "*" else product / v)
             else:
-                product = _mp(product) * _mp(v) if op == "*" else _mp(product) / _mp(v)
+                a, b = _inexact(product), _inexact(v)
+                product = _real(a * b if op == "*" else a / b)
         return product
     if kind == "pow":
         return _power(value(node[1], env), value(node[2], env))
@@ -378,14 +421,33 @@ def _symbols(node: tuple, found: set[str]) -> set[str]:
     return found
 
 
-def _close(a: Value, b: Value, digits: int) -> bool:
-    if isinstance(a, Fraction) and isinstance(b, Fraction):
-        return a == b
-    import mpmath
-
-    a, b = _mp(a), _mp(b)
-    scale = max(mpmath.mpf(1), abs(a), abs(b))
-    return bool(abs(a - b) <= scale * mpmath.mpf(10) ** -digits)
+def _equal_at(a: tuple, b: tuple, env: dict[str, Fraction], digits: int) -> bool:
+    """Whether the two trees have one value at ``env``: exactly for fractions; else their
+    intervals, computed to ``digits`` digits past the point (more for large values, so
+    ``\\pi^{100} + 1`` is not ``\\pi^{100}``, and where a cancellation widened them), must meet.
+    Values over ``MAX_MAGNITUDE`` digits, or that need more precision than that, are refused."""
+    iv = _iv()
+    saved, extra = iv.dps, 0
+    try:
+        for _ in range(4):
+            iv.dps = digits + extra + 30
+            va, vb = value(a, env), value(b, env)
+            if isinstance(va, Fraction) and isinstance(vb, Fraction):
+                return va == vb
+            va, vb = _inexact(va), _inexact(vb)
+            if va.b < vb.a or vb.b < va.a:
+                return False  # disjoint: different for certain
+            size = max(abs(va.a), abs(va.b), abs(vb.a), abs(vb.b), iv.mpf(1)).b
+            width = max(va.delta.b, vb.delta.b)
+            need = max(int(iv.mag(size) * 0.302) + 1, int(iv.mag(width) * 0.302) + digits + 1 if width else 0)
+            if need > MAX_MAGNITUDE:
+                raise Unparseable(f"a value or a cancellation of over {MAX_MAGNITUDE} digits")
+            if need <= extra or width <= iv.mpf(10) ** -(digits + 10):
+                return True  # they meet, to digits + 10 digits past the point
+            extra = need
+        raise Unparseable("no precision settles the comparison")
+    finally:
+        iv.dps = saved
 
 
 def answers_equal(got: str, want: str) -> bool:
@@ -393,21 +455,20 @@ def answers_equal(got: str, want: str) -> bool:
     either is not an answer."""
     a, b = parse(got), parse(want)
     names = sorted(_symbols(a, set()) | _symbols(b, set()))
-    import mpmath
-
-    digits = 50 + 4 * sum(c.isdigit() for c in got + want)
-    with mpmath.workdps(digits):
-        for _ in range(_DRAWS if names else 1):
-            env = {n: Fraction(secrets.randbits(32) | 1 << 31) for n in names}
-            try:
-                if not _close(value(a, env), value(b, env), digits // 2):
-                    return False
-            except (ZeroDivisionError, OverflowError, ValueError) as e:
-                if isinstance(e, Unparseable):
-                    raise
-                return False  # undefined (1/0) on either side: not an answer to compare
+    # A decimal near-miss of an irrational differs from it at about the digits the answers hold:
+    # compare to 20 digits past those.
+    digits = 20 + sum(c.isdigit() for c in got + want)
+    for _ in range(_DRAWS if names else 1):
+        env = {n: Fraction(secrets.randbits(32) | 1 << 31) for n in names}
+        try:
+            if not _equal_at(a, b, env, digits):
+                return False
+        except (ZeroDivisionError, OverflowError, ValueError) as e:
+            if isinstance(e, Unparseable):
+                raise
+            return False  # undefined (1/0) on either side: not an answer to compare
     return True
 
 
-__all__ = ["MAX_BITS", "MAX_CHARS", "MAX_DEPTH", "Unparseable", "answers_equal", "normalise", "parse",
-           "tokens", "value"]
+__all__ = ["MAX_BITS", "MAX_CHARS", "MAX_DEPTH", "MAX_MAGNITUDE", "MAX_POWERS", "Unparseable",
+           "answers_equal", "normalise", "parse", "tokens", "value"]

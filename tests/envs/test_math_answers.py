@@ -61,6 +61,9 @@ PAIRS = [
     ("(x-1)(x+1)", "x^2 - 1", True),
     ("\\frac{x^2-1}{x-1}", "x+1", True),
     ("(1, 2)", "(1,2)", True),  # not a number: equal as written
+    ("(\\sqrt{2}+1)^{64} - (\\sqrt{2}-1)^{-64}", "0", True),  # a cancellation of 25 digits
+    ("\\sqrt[3]{-8}", "-2", True),
+    ("(-8)^{2/3}", "4", True),
     # near misses
     ("0.33", "\\frac{1}{3}", False),
     ("0.333", "1/3", False),
@@ -78,6 +81,10 @@ PAIRS = [
     ("\\sqrt{2}", "\\sqrt{3}", False),
     ("1e3", "1001", False),
     ("12 dollars and 5 cents", "12", False),
+    ("\\pi^{100} + 1", "\\pi^{100}", False),  # equal to 50 significant digits, not past the point
+    ("10^{-50}\\cdot 3.14159", "10^{-50}\\pi", False),  # a near miss among tiny values
+    ("42 + \\frac{1}{\\sqrt{2}-\\sqrt{2}}", "42", False),  # a division by what may be 0 is no value
+    ("\\sqrt{-4}", "2", False),
 ]
 
 
