@@ -99,3 +99,45 @@ def test_max_abs_reward_must_be_a_positive_finite_number(value):
     with pytest.raises(ConfigError, match="service.limits.max_abs_reward"):
         load_config(None, [f"service.limits.max_abs_reward={value}"])
     assert load_config(None, []).service.limits.max_abs_reward == 1e6
+
+
+def test_the_reward_pool_takes_the_services_limit(tmp_path, monkeypatch):
+    """``service.limits.max_abs_reward`` reaches the reward pool of a dataset environment (built by
+    the environment with the pool's default): a row whose reward function returns 7 under a
+    limit of 5 scores 0 as reward/errors/out_of_range, one that returns -5 keeps its reward."""
+    import json
+    from pathlib import Path
+
+    from convert.tokenizer import char_tokenizer
+    from trainer_jax.config import MixEntry
+    from trainer_jax.service import RolloutService
+    from trainer_jax.service.tasks import EnvTaskSource
+
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "envs"))  # user_rewards, for workers
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps({"q": f"{i}?", "a": "x", "value": v}) + "\n"
+                            for i, v in enumerate([7.0, -5.0])))
+    options = {"path": str(rows), "prompt_key": "q", "answer_key": "a",
+               "reward": "user_rewards:returns_value", "reward_workers": 1, "reward_timeout_s": 20}
+    source = EnvTaskSource([MixEntry(env="dataset", options=options)], group_size=2,
+                           tokenizer=char_tokenizer(), count=2)
+    assert source.envs[0].reward.max_abs_reward == 1e6  # what the environment built
+    cfg = load_config(None, ["service.listen=127.0.0.1:0", "tasks.group_size=2", "tasks.sampling.head_k=4",
+                             "tasks.sampling.max_new_tokens=8", "service.limits.max_abs_reward=5"])
+    svc = RolloutService.from_config(cfg, token="t0ken", source=source).start()
+    try:
+        from sampler_torch.client import RolloutClient
+
+        c = RolloutClient(svc.address, "t0ken", group="g", capacity=4, name="pool", max_retry_s=10.0)
+        rng = np.random.default_rng(2)
+        trajs = [fake_trajectory(t, i, svc.vocab_size, rng) for t in lease_all(c, 4)
+                 for i in t.sample_indices]
+        assert all(r.accepted for r in c.submit_many(trajs))
+        groups = sorted(svc.buffer.take_groups(2, timeout=60), key=lambda g: g.task_id)
+        assert [g.rewards for g in groups] == [[0.0, 0.0], [-5.0, -5.0]]
+        values = source.metrics(groups)
+        assert values["reward/errors/out_of_range"] == 2.0 and values["reward_errors"] == 2.0
+        assert source.envs[0].reward.max_abs_reward == 5.0
+    finally:
+        svc.stop(grace=0)
+        source.close()

@@ -10,6 +10,11 @@ buffer until every sample of it is scored (``push_ready`` holds it), and the eva
 waits for its groups' scores (``wait_scored``), so no consumer ever sees a sample the service
 has not scored. The backlog is bounded (``capacity`` samples): beyond it a submission is refused
 with RESOURCE_EXHAUSTED like a full buffer, and the sampler retries with backoff.
+
+The reward pools are the environments' own (built with the task source); ``max_abs_reward``
+(``service.limits.max_abs_reward``) is set on the pool of each sample's environment before it is
+scored, the training source's and the evaluation source's alike: a reward or metric beyond it
+scores 0 as ``reward/errors/out_of_range``.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from envs.rewards import RewardPool
 from trainer_jax.service.buffer import TrajectoryBuffer, TrajectoryGroup
 from trainer_jax.service.tasks import TaskSource, TaskSpec
 from trainer_jax.service.validation import TrajectoryRecord
@@ -26,13 +32,23 @@ from trainer_jax.service.validation import TrajectoryRecord
 log = logging.getLogger("mixrl.service")
 
 
+def limit_reward_pool(spec: TaskSpec, max_abs_reward: float | None) -> None:
+    """Give the reward pool of ``spec``'s environment the service's ``max_abs_reward`` (the
+    environments build their pools with ``RewardPool``'s default, 1e6)."""
+    env = spec.private[1] if isinstance(spec.private, tuple) and len(spec.private) == 2 else None
+    pool = getattr(env, "reward", None)
+    if max_abs_reward is not None and isinstance(pool, RewardPool) and pool.max_abs_reward != max_abs_reward:
+        pool.max_abs_reward = float(max_abs_reward)
+
+
 class ScoringBuffer(TrajectoryBuffer):
     """A ``TrajectoryBuffer`` whose groups wait for the rewards being computed for them."""
 
     def __init__(self, max_trajectories: int, max_bytes: int, *, source: TaskSource, threads: int = 8,
-                 capacity: int | None = None):
+                 capacity: int | None = None, max_abs_reward: float | None = None):
         super().__init__(max_trajectories, max_bytes)
         self.source = source
+        self.max_abs_reward = max_abs_reward  # None: each pool keeps its own
         self.capacity = capacity or max(64, 2 * max_trajectories)
         self._scoring = threading.Condition()
         self._pending: dict[int, TrajectoryRecord] = {}  # id(record) -> record, while it is scored
@@ -56,6 +72,7 @@ class ScoringBuffer(TrajectoryBuffer):
 
     def score_later(self, spec: TaskSpec, record: TrajectoryRecord) -> None:
         """Score a held, committed ``record`` on a scoring thread."""
+        limit_reward_pool(spec, self.max_abs_reward)
         self._executor.submit(self._score, spec, record)
 
     def _score(self, spec: TaskSpec, record: TrajectoryRecord) -> None:

@@ -202,7 +202,8 @@ class RolloutService:
         self.listen = listen or cfg.listen
         self.server_id = f"{int(time.time()):x}-{threading.get_native_id():x}-{id(self) & 0xffff:x}"
         # Slow trainer-side rewards are scored off the RPC threads (trainer_jax.service.scoring).
-        self.buffer = ScoringBuffer(cfg.buffer.max_trajectories, cfg.buffer.max_bytes, source=source)
+        self.buffer = ScoringBuffer(cfg.buffer.max_trajectories, cfg.buffer.max_bytes, source=source,
+                                    max_abs_reward=cfg.limits.max_abs_reward)
         self.router = Router(cfg.router)
         self.scheduler = Scheduler(source, self.buffer, self.router, cfg, self.vocab_size)
         self.weights = WeightRegistry()
