@@ -3,8 +3,10 @@ issue 46's ``assert f() is True`` survivor).
 
 Every bypass the issue lists scored 1.0 against a wrong reply (an always-equal object, or
 ``builtins.all`` / ``math.isclose`` patched) while the harness fell back to the truth of the whole
-expression evaluated in the jail. Each is now an ``unsupported_test`` reward error, found when the
-row's tests are read (before any sandbox starts). Values that are not plain data are
+expression evaluated in the jail: with the harness of 315bd21, 20 of the 24 assert lines below
+scored 1.0 against ``GAMER`` (the walrus, numpy, the ``and`` and the chained comparison did not).
+Each is now an ``unsupported_test`` reward error, found when the row's tests are read (before any
+sandbox starts). Values that are not plain data are
 ``non_plain_value``; truth checks pass only a plain bool from the reply's own call; every
 documented form still passes a right solution and fails a wrong one, in the real sandbox."""
 
@@ -24,6 +26,7 @@ needs_sandbox = pytest.mark.skipif(not sandbox_available(), reason="needs root +
 # A wrong reply that games every in-jail comparison it can reach.
 GAMER = """
 import builtins, math, operator
+_isinstance = builtins.isinstance
 class Yes:
     def __eq__(self, other): return True
     def __ne__(self, other): return False
@@ -34,7 +37,7 @@ class Yes:
 def add(a, b):
     return Yes()
 builtins.all = builtins.any = lambda *a, **k: True
-builtins.isinstance = lambda *a, **k: True
+builtins.isinstance = lambda o, t: True if type(o) is Yes else _isinstance(o, t)  # json still works
 math.isclose = lambda *a, **k: True
 operator.eq = lambda *a, **k: True
 """
