@@ -127,7 +127,9 @@ def test_no_pair_reaches_sympy_parsing_eval_or_exec(monkeypatch):
         assert answers_match(got, want.removeprefix("#### ")) == match, (got, want)
 
 
-_PROGRAM = "open('pwned', 'w').write('x')"
+# Short enough for the old character filter and length cap (200): with 315bd21's math reward this
+# reply created the file 'pwned' in the working directory.
+_PROGRAM = "open('pwned','w')"
 HOSTILE = {
     "exec(chr(...))": "\\boxed{exec(" + "+".join(f"chr({ord(c)})" for c in _PROGRAM) + ")}",
     "__import__": "\\boxed{__import__('os').system('touch pwned')}",
