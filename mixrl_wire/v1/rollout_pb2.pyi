@@ -31,20 +31,30 @@ class Array(_message.Message):
     def __init__(self, dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class Recipe(_message.Message):
-    __slots__ = ("name", "weight_format", "activation_format", "kv_dtype", "backend", "logit_noise")
+    __slots__ = ("name", "weight_format", "activation_format", "kv_dtype", "backend", "logit_noise", "round_weights")
     NAME_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_FORMAT_FIELD_NUMBER: _ClassVar[int]
     ACTIVATION_FORMAT_FIELD_NUMBER: _ClassVar[int]
     KV_DTYPE_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
     LOGIT_NOISE_FIELD_NUMBER: _ClassVar[int]
+    ROUND_WEIGHTS_FIELD_NUMBER: _ClassVar[int]
     name: str
     weight_format: str
     activation_format: str
     kv_dtype: str
     backend: str
     logit_noise: float
-    def __init__(self, name: _Optional[str] = ..., weight_format: _Optional[str] = ..., activation_format: _Optional[str] = ..., kv_dtype: _Optional[str] = ..., backend: _Optional[str] = ..., logit_noise: _Optional[float] = ...) -> None: ...
+    round_weights: RoundWeights
+    def __init__(self, name: _Optional[str] = ..., weight_format: _Optional[str] = ..., activation_format: _Optional[str] = ..., kv_dtype: _Optional[str] = ..., backend: _Optional[str] = ..., logit_noise: _Optional[float] = ..., round_weights: _Optional[_Union[RoundWeights, _Mapping]] = ...) -> None: ...
+
+class RoundWeights(_message.Message):
+    __slots__ = ("bits", "block_size")
+    BITS_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    bits: int
+    block_size: int
+    def __init__(self, bits: _Optional[int] = ..., block_size: _Optional[int] = ...) -> None: ...
 
 class SamplingParams(_message.Message):
     __slots__ = ("temperature", "top_p", "top_k", "head_k", "max_new_tokens", "stop_token_ids", "seed")

@@ -5,7 +5,7 @@ import warnings
 
 from mixrl_wire.v1 import rollout_pb2 as mixrl_dot_v1_dot_rollout__pb2
 
-GRPC_GENERATED_VERSION = '1.85.1'
+GRPC_GENERATED_VERSION = '1.85.4'
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 

@@ -77,6 +77,19 @@ def round_blockwise(weight: torch.Tensor, spec: RoundWeights) -> torch.Tensor:
     return rounded.view(out_f, blocks * b)[:, :in_f].to(weight.dtype)
 
 
+@dataclasses.dataclass(frozen=True)
+class _DialRecipe(Recipe):
+    round_weights: RoundWeights | None = None
+
+
+def with_round_weights(recipe: Recipe, spec: RoundWeights) -> Recipe:
+    """``recipe`` carrying ``round_weights`` (``load_model`` reads it off the recipe), for an
+    ``Engine(path, recipe)`` that rounds at every load and reload -- until
+    ``mixrl_wire.recipes.Recipe`` itself has the field, which makes this a plain ``replace``."""
+    check_recipe(recipe)
+    return _DialRecipe(**dataclasses.asdict(recipe), round_weights=spec)
+
+
 def check_recipe(recipe: Recipe) -> None:
     """Refuse a recipe whose matmuls run on quantized activations (no float weight to round)."""
     if recipe.activations != "none":
@@ -107,4 +120,4 @@ def round_model_weights(model: nn.Module, spec: RoundWeights) -> list[str]:
     return done
 
 
-__all__ = ["RoundWeights", "check_recipe", "round_blockwise", "round_model_weights"]
+__all__ = ["RoundWeights", "check_recipe", "round_blockwise", "round_model_weights", "with_round_weights"]

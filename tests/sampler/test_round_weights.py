@@ -98,3 +98,46 @@ def test_load_rounds_projections_only_and_mismatch_grows_as_bits_fall(hf_model_d
             kls[bits] = _kl(base, rounded(ids))
     assert 0 < kls[8] < kls[6] < kls[4] < kls[3], kls
     assert kls[3] > 30 * kls[8], kls
+
+
+def test_engine_rounds_at_load_and_recomputes_scales_at_every_reload(tmp_path):
+    """An engine whose recipe carries the dial serves rounded weights; a reload rounds the new
+    version with its own scales (compared with a reference loaded alone, not with the old one)."""
+    from tiny_models import build_hf_model
+
+    from convert.export import export_hf
+    from convert.hf_checkpoint import HFCheckpoint
+    from sampler_torch.engine import Engine
+    from sampler_torch.recipes.rounding import with_round_weights
+
+    dirs = {}
+    for version in (0, 1):
+        build_hf_model("dense_tied_gqa2", seed=version).save_pretrained(tmp_path / f"src{version}")
+        ckpt = HFCheckpoint(tmp_path / f"src{version}")
+        dirs[version] = export_hf(ckpt.tensors(), ckpt.config, tmp_path / f"v{version}", "bf16",
+                                  engines="mixrl")
+    recipe = get_recipe("bf16", compute_dtype="float32")
+    spec = RoundWeights(3, 8)
+    engine = Engine(dirs[0], with_round_weights(recipe, spec))
+    prompts, conts = [[1, 2, 3], [4, 5]], [[6, 7, 8, 9], [10, 11, 12]]
+
+    def reference(path, rounded: bool) -> list[list[float]]:
+        model = load_model(path, recipe, round_weights=spec if rounded else None).model
+        out = []
+        for p, c in zip(prompts, conts, strict=True):
+            with torch.inference_mode():
+                lp = torch.log_softmax(model(torch.tensor([p + c]))[0].double(), -1)
+            out.append([float(lp[len(p) - 1 + t, x]) for t, x in enumerate(c)])
+        return out
+
+    def close(a, b, tol):
+        return np.allclose(np.concatenate(a), np.concatenate(b), atol=tol)
+
+    for version in (0, 1):
+        if version:
+            engine.load_weights(dirs[1], 1)  # score() uses the newest load
+        got = engine.score(prompts, conts)
+        assert close(got, reference(dirs[version], True), 1e-4)
+        assert not close(got, reference(dirs[version], False), 1e-3)  # the dial is on
+    with pytest.raises(RecipeError, match="quantizes activations"):
+        with_round_weights(get_recipe("fp8"), spec)
