@@ -196,25 +196,41 @@ class CallJail:
         """In the call's child, as root, before the function runs; ``IsolationError`` if any step
         fails (the call is then not run)."""
         try:
-            if self.cgroup is not None:
-                for procs in self.cgroup.procs_files:
-                    with open(procs, "w") as f:
-                        f.write(str(os.getpid()))
-            if self.namespaces:
-                _check(_libc().unshare(CLONE_NEWNS | CLONE_NEWIPC), "unshare(mount, ipc)")
-                _check(_libc().mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "make / private")
-                if os.path.isdir("/dev/shm"):
-                    _mount_tmpfs("/dev/shm", f"size={self.shm_bytes},mode=1777")
+            self.join_cgroup()
+            self.private_namespaces()
             if self.uid is not None and not keep_root:
-                if self.namespaces:
-                    for directory, names in self.covers:
-                        _cover(directory, names)
-                os.setgroups([])
-                os.setresgid(self.uid, self.uid, self.uid)
-                os.setresuid(self.uid, self.uid, self.uid)
+                self.cover_closed_dirs()
+                self.drop_uid()
             _check(_libc().prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
         except OSError as e:
             raise IsolationError(f"{type(e).__name__}: {e}") from None
+
+    # The steps of ``enter``, in its order (``benchmarks/bench_reward_calls.py`` times each).
+
+    def join_cgroup(self) -> None:
+        if self.cgroup is not None:
+            for procs in self.cgroup.procs_files:
+                with open(procs, "w") as f:
+                    f.write(str(os.getpid()))
+
+    def private_namespaces(self) -> None:
+        """A mount and an IPC namespace of the call's own, with a fresh tmpfs on /dev/shm."""
+        if self.namespaces:
+            _check(_libc().unshare(CLONE_NEWNS | CLONE_NEWIPC), "unshare(mount, ipc)")
+            _check(_libc().mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "make / private")
+            if os.path.isdir("/dev/shm"):
+                _mount_tmpfs("/dev/shm", f"size={self.shm_bytes},mode=1777")
+
+    def cover_closed_dirs(self) -> None:
+        if self.namespaces:  # only ever in the call's own mount namespace
+            for directory, names in self.covers:
+                _cover(directory, names)
+
+    def drop_uid(self) -> None:
+        if self.uid is not None:
+            os.setgroups([])
+            os.setresgid(self.uid, self.uid, self.uid)
+            os.setresuid(self.uid, self.uid, self.uid)
 
 
 @functools.cache

@@ -369,6 +369,7 @@ class Supervisor:
                 if self.channel_in in ready:
                     data = os.read(self.channel_in, 1 << 20)
                     if not data:  # the pool is gone: take the call down with us
+                        self.jail.clear()
                         kill_descendants()
                         os._exit(0)
                     self.pending += data

@@ -24,7 +24,7 @@ from reward_procs import alive, scratch_dir, wait_dead
 import envs.rewards as rewards
 from envs.jail.uids import uid_processes
 from envs.rewards import RewardPool
-from envs.rewards.call_isolation import CALL_MAX_PIDS, ISOLATION_ENV, plan
+from envs.rewards.call_isolation import CALL_MAX_PIDS, ISOLATION_ENV, Plan, describe_gaps, plan
 
 HERE = Path(__file__).parent
 PLAN = plan()
@@ -109,6 +109,26 @@ def test_without_a_uid_the_hijack_still_cannot_forge_an_answer(monkeypatch, capl
         _then_own_rewards(pool)
     finally:
         pool.close()
+
+
+def test_root_without_a_cgroup_names_only_the_cgroup():
+    gaps = describe_gaps(uid=None, cgroup="no writable cgroup", namespaces=None)
+    line = Plan(True, False, True, gaps).warning()
+    assert line.startswith("reward calls: no cgroup memory limit (no writable cgroup): shmem and memfd")
+    assert "uid" not in line and "/dev/shm" not in line
+    assert Plan(True, True, True).warning() is None
+
+
+@needs_full
+def test_a_working_directory_closed_to_the_calls_is_named_at_start(tmp_path, monkeypatch, caplog):
+    closed = tmp_path / "closed"
+    closed.mkdir(mode=0o700)
+    monkeypatch.chdir(closed)
+    monkeypatch.setattr(rewards, "_warned", set())
+    with caplog.at_level(logging.WARNING, logger="envs.rewards"):
+        RewardPool("math").close()  # no worker is started
+    (line,) = [rec.getMessage() for rec in caplog.records]
+    assert "cannot read" in line and str(closed) in line and "import at module level" in line
 
 
 def test_the_isolation_mode_is_checked_in_one_line(monkeypatch):
