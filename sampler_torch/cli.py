@@ -215,15 +215,18 @@ def main(argv: list[str] | None = None) -> int:
         if client.gone is not None:  # the heartbeat found it gone; the loop then stopped
             raise client.gone
     except ConnectTimeout:
+        logging.disable(logging.CRITICAL)  # the line below is the last: no thread's epilogue after it
         print(f"mixrl-sample: no trainer answered at {args.trainer} within --connect-timeout-s "
               f"{args.connect_timeout_s:g} (is it running, and is that its address and port?)",
               file=sys.stderr)
         return 1
     except TrainerGone as e:
+        logging.disable(logging.CRITICAL)
         print(f"mixrl-sample: {e.details}; exiting", file=sys.stderr)
         return 1
     except RolloutError as e:
         if client.gone is not None:
+            logging.disable(logging.CRITICAL)
             print(f"mixrl-sample: {client.gone.details}; exiting", file=sys.stderr)
             return 1
         if stop.is_set() and e.code.name == "CANCELLED":  # SIGTERM while connecting: a plain stop
@@ -267,19 +270,23 @@ def model_dir_problem(model_dir: str | None) -> str | None:
 
 def fetch_initial(args: argparse.Namespace, token: str, recipe: str, name: str, stop: threading.Event,
                   log: logging.Logger) -> str | None:
-    """No ``--model-dir``: the trainer's current version in ``recipe``'s format, fetched (or read
-    from the shared path) into ``--weights-cache/initial`` and verified, as a fleet replica does;
-    None (after one line) when it could not be had."""
+    """No ``--model-dir``: the trainer's current version in ``recipe``'s format, downloaded into
+    ``--weights-cache/initial`` (read in place with ``--weights-transfer shared``) and verified, as
+    a fleet replica does; None (after one line) when it could not be had."""
     from pathlib import Path
 
     from fleet.weights import FetchError, fetch_current
 
     cache = Path(args.weights_cache).expanduser() / "initial"
-    log.info("no --model-dir: fetching the current weights from the trainer at %s into %s",
-             args.trainer, cache)
+    # A copy of our own unless --weights-transfer shared says to read the trainer's directory: the
+    # trainer prunes old versions (keep_last), and the engine reads its start directory later on
+    # (tokenizer, probe), so the publish directory of a version is no place to start from.
+    transfer = "fetch" if args.weights_transfer == "auto" else args.weights_transfer
+    log.info("no --model-dir: fetching the current weights from the trainer at %s into %s", args.trainer,
+             cache if transfer == "fetch" else "(its own directory)")
     try:
         version, path = fetch_current(args.trainer, token, group=args.group, recipe=recipe, name=name,
-                                      cache_dir=cache, transfer=args.weights_transfer,
+                                      cache_dir=cache, transfer=transfer,
                                       timeout_s=args.connect_timeout_s, stop=stop)
     except FetchError as e:
         if not stop.is_set():

@@ -135,7 +135,8 @@ class SamplerLoop:
             resp = self.client.heartbeat(self.engine.version, self.stats.weight_failures, self.active_samples)
             self.client.expired_leases.update(resp.expired_lease_ids)
         except (RolloutError, ValueError) as e:  # ValueError: the channel closed under us
-            log.warning("heartbeat after loading version %d: %s", wv.version, e)
+            if not self.client.closed:
+                log.warning("heartbeat after loading version %d: %s", wv.version, e)
         files = weight_files(path)
         changed = files is not None and self._files is not None and files != self._files
         self._files = files
@@ -241,7 +242,9 @@ class SamplerLoop:
                 self.stats.duplicates += r.duplicate
             else:
                 self.stats.refused[r.code.name] += 1
-                log.warning("sample %d/%d refused: %s %s", r.task_id, r.sample_index, r.code.name, r.reason)
+                if not (r.code == grpc.StatusCode.CANCELLED and self.client.closed):  # we stopped: not news
+                    log.warning("sample %d/%d refused: %s %s", r.task_id, r.sample_index, r.code.name,
+                                r.reason)
 
     # ---------------------------------------------------------------- generation
 

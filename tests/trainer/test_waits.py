@@ -100,7 +100,7 @@ def test_a_trainer_of_external_groups_says_what_it_waits_for_and_who_joined(tmp_
                      r"\[\d+:\d\d elapsed\]", console), console
     # The external sampler fetched its first weights and is one line in the trainer's console.
     assert "no --model-dir: fetching the current weights from the trainer at" in ext, ext
-    assert "starting from the trainer's version 0" in ext, ext
+    assert re.search(r"starting from the trainer's version 0 \(\S+/cache/initial/\S+\)", ext), ext
     registered = [x for x in console.splitlines() if x.startswith("sampler ext-0 registered:")]
     assert registered and registered[0].startswith(
         "sampler ext-0 registered: group ext, recipe bf16, host 127.0.0.1, cpu "), console
