@@ -20,6 +20,8 @@ _own_cache: str | None = None
 
 def pytest_configure(config):
     global _own_cache
+    config.addinivalue_line("markers", "off_loopback_expected: the test makes an off-loopback peer on "
+                            "purpose (in a network namespace of its own); the loopback watch skips it")
     flags = os.environ.get("XLA_FLAGS", "")
     if "xla_backend_optimization_level" not in flags:
         os.environ["XLA_FLAGS"] = f"{flags} {_OPT_LEVEL}".strip()
@@ -50,3 +52,24 @@ def hf_model_dir(tmp_path_factory):
         return cache[name]
 
     return make
+
+
+# Loopback only: the suite's processes talk to 127.0.0.0/8 and nothing else. While every test runs,
+# a thread samples the sockets of this process and all its descendants (tests/loopback.py); a
+# connection to a peer off loopback fails the test at teardown, naming the process and the peer.
+# A listener on 0.0.0.0 is fine: only peers count. Daemons that are nobody's child (Ray's) are
+# added by their test: ``loopback_only.add(lambda: pids)``.
+@pytest.fixture(autouse=True)
+def loopback_only(request):
+    from loopback import LoopbackWatch, tree
+
+    if request.node.get_closest_marker("off_loopback_expected"):
+        yield None
+        return
+    me = os.getpid()
+    watch = LoopbackWatch(lambda: tree(me)).start()
+    yield watch
+    found = watch.stop()
+    if found:
+        pytest.fail(f"{len(found)} connection(s) to a peer off 127.0.0.0/8 during this test:\n  "
+                    + "\n  ".join(found[:20]), pytrace=False)
