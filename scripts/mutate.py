@@ -155,9 +155,11 @@ def check_imports(clone: Path, paths: list[str]) -> None:
         sys.exit(f"mutate: the tests would import {wrong}, not the clone's code in {clone}")
 
 
-def test_command(clone: Path, name: str, timeout: float, *, quiet: bool = False) -> str:
-    """The pytest command line that runs ``name``'s mapped tests (those in the clone's commit)."""
-    tests = MODULES[name][1]
+def test_command(clone: Path, name: str, timeout: float, *, quiet: bool = False,
+                 tests: list[str] | None = None) -> str:
+    """The pytest command line that runs ``name``'s mapped tests (those in the clone's commit),
+    or ``tests`` of them."""
+    tests = MODULES[name][1] if tests is None else tests
     missing = [t for t in tests if not (clone / t.split("::")[0]).exists()]
     tests = [t for t in tests if t not in missing]
     if missing and not quiet:
