@@ -303,18 +303,14 @@ def test_close_kills_everything_even_after_the_worker_died(shared, monkeypatch):
     assert uid_processes(uid) == []
 
 
-def test_module_state_loads_once_per_worker_and_each_call_is_a_fresh_process(monkeypatch):
-    monkeypatch.syspath_prepend(str(HERE))
-    pool = RewardPool("user_rewards:where_it_runs", workers=1, max_abs_reward=1e12)
-    try:
-        a, b = (pool.score(completion="", answer=None, prompt="", task={}) for _ in range(2))
-    finally:
-        pool.close()
-    assert a.reward == b.reward == 1.0, (a, b)
-    assert a.metrics["import_pid"] == b.metrics["import_pid"]  # imported once, in the worker
-    assert len({a.metrics["import_pid"], a.metrics["call_pid"], b.metrics["call_pid"]}) == 3
-    if FULL:
-        assert a.metrics["uid"] == b.metrics["uid"] != os.getuid()
+def test_module_state_loads_once_per_worker_and_each_call_is_a_fresh_process(range_pool):
+    for _ in range(2):
+        task = {"where": 1, "trainer_uid": os.getuid()}
+        r = range_pool.score(completion="", answer=None, prompt="", task=task)
+        assert r.reward == 1.0 and r.reason is None, r
+        assert r.metrics["loaded_by_parent"] == 1 and r.metrics["own_process"] == 1, r
+        assert r.metrics["calls_seen"] == 1  # each call starts from the module as the worker loaded it
+        assert r.metrics["other_uid"] == float(FULL)
 
 
 @pytest.mark.parametrize("value,reason", [

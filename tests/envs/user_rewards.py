@@ -29,13 +29,16 @@ def returns_text(*, completion, answer, prompt, task):
 
 
 IMPORT_PID = os.getpid()  # module-level state: set once, in the worker that imports the module
+CALLS = [0]  # bumped by each call: a call starts from the module as loaded, so it is always 1
 
 
 def returns_value(*, completion, answer, prompt, task):
-    """The row's ``value`` as it is (a number or a dict with ``reward``)."""
-    return task["value"]
-
-
-def where_it_runs(*, completion, answer, prompt, task):
-    """Which process loaded the module and which runs the call, and as whom."""
-    return {"reward": 1.0, "import_pid": IMPORT_PID, "call_pid": os.getpid(), "uid": os.getuid()}
+    """The row's ``value`` as it is (a number or a dict with ``reward``); with ``where``, where
+    the call runs instead: whether the module was loaded by the call's parent (the worker), once,
+    and whether the call runs in a process of its own under another uid than ``trainer_uid``."""
+    if "where" not in task:
+        return task["value"]
+    CALLS[0] += 1
+    return {"reward": 1.0, "loaded_by_parent": float(IMPORT_PID == os.getppid()),
+            "own_process": float(os.getpid() != IMPORT_PID), "calls_seen": float(CALLS[0]),
+            "other_uid": float(os.getuid() != task["trainer_uid"])}
