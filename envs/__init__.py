@@ -8,7 +8,7 @@ from envs.base import (
     Episode,
     StepResult,
     Task,
-    make_env,
 )
+from envs.loading import make_env
 
 __all__ = ["ENVIRONMENTS", "TERMINATIONS", "Environment", "Episode", "StepResult", "Task", "make_env"]

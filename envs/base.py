@@ -11,7 +11,6 @@ from __future__ import annotations
 import abc
 import dataclasses
 import re
-from collections.abc import Callable
 from typing import Any, ClassVar
 
 import numpy as np
@@ -178,13 +177,3 @@ def register_env(cls: type[Environment]) -> type[Environment]:
     ENVIRONMENTS[cls.name] = cls
     return cls
 
-
-def make_env(name: str, tokenizer: Tokenizer, **kwargs) -> Environment:
-    """Build environment ``name``: a built-in name, ``module:Class`` or an entry point of the
-    ``mixrl.envs`` group (``envs.loading.resolve_env``)."""
-    from envs.loading import resolve_env
-
-    cls: Callable[..., Environment] = resolve_env(name)
-    if name not in ENVIRONMENTS:  # mixrl's limit per call on a sampler (envs.isolated), not the class's
-        kwargs.pop("timeout_s", None)
-    return cls(tokenizer, **kwargs)

@@ -41,8 +41,8 @@ from typing import Any
 from tokenizers import Tokenizer
 
 from convert.tokenizer import source_dir
-from envs.base import ENVIRONMENTS, TERMINATIONS, Environment, Episode, StepResult, Task, make_env
-from envs.loading import resolve_env, timeout_s
+from envs.base import ENVIRONMENTS, TERMINATIONS, Environment, Episode, StepResult, Task
+from envs.loading import make_env, resolve_env, timeout_s
 from mixrl_wire.reward_parts import clean as clean_reward_parts
 
 log = logging.getLogger("mixrl.envs")

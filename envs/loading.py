@@ -23,9 +23,11 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import inspect
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
+from tokenizers import Tokenizer
 
 from envs.base import ENVIRONMENTS, Environment
 
@@ -153,5 +155,14 @@ def has_demonstration(cls: type[Environment]) -> bool:
     return cls.demonstration is not Environment.demonstration
 
 
+def make_env(name: str, tokenizer: Tokenizer, **kwargs) -> Environment:
+    """Build environment ``name``: a built-in name, ``module:Class`` or an entry point of the
+    ``mixrl.envs`` group (``resolve_env``)."""
+    cls: Callable[..., Environment] = resolve_env(name)
+    if name not in ENVIRONMENTS:  # mixrl's limit per call on a sampler (envs.isolated), not the class's
+        kwargs.pop("timeout_s", None)
+    return cls(tokenizer, **kwargs)
+
+
 __all__ = ["DEFAULT_TIMEOUT_S", "ENTRY_POINT_GROUP", "EnvLoadError", "check_options",
-           "default_name", "has_demonstration", "resolve_env", "timeout_s"]
+           "default_name", "has_demonstration", "make_env", "resolve_env", "timeout_s"]

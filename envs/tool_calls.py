@@ -12,16 +12,14 @@ from __future__ import annotations
 
 import json
 import re
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from envs.base import Episode, StepResult, Task
 from envs.chat import Chat
+from envs.sandbox import Sandbox
 from envs.untrusted import escape_added_tokens, run_untrusted
-
-if TYPE_CHECKING:
-    from envs.tool import ShellTasks
 
 MAX_TOOLLESS_TURNS = 3
 _CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
@@ -66,8 +64,21 @@ def _reply_text(chat: Chat, generated: list[int]) -> tuple[str, bool]:
     return chat.tokenizer.decode(body, skip_special_tokens=False), ended
 
 
+class ToolTasks(Protocol):
+    """What a chat tool episode needs of its environment (``envs.tool.ShellTasks`` is one): the
+    episode lives here, below the environment, so the two modules do not import each other."""
+
+    max_turns: int
+
+    def prompt(self, task: Task) -> list[int]: ...
+
+    def new_sandbox(self, task: Task) -> Sandbox: ...
+
+    def grade(self, episode: Episode, submitted: str) -> float: ...
+
+
 class ChatToolEpisode(Episode):
-    def __init__(self, env: ShellTasks, task: Task, chat: Chat):
+    def __init__(self, env: ToolTasks, task: Task, chat: Chat):
         self.env, self.task, self.chat = env, task, chat
         self.kwargs = dict(task.payload.get("chat_template_kwargs") or {})
         self.prompt = env.prompt(task)

@@ -161,7 +161,7 @@ def tok(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def echo(tok):
-    from envs.base import make_env
+    from envs.loading import make_env
 
     env = make_env("verifiers", tok, id="vf_echo", args={"count": 3}, eval_args={"split": "eval", "count": 2})
     yield env
@@ -170,7 +170,7 @@ def echo(tok):
 
 @pytest.fixture(scope="module")
 def guess(tok):
-    from envs.base import make_env
+    from envs.loading import make_env
 
     env = make_env("verifiers", tok, id="vf_guess", args={"high": 8, "turns": 3})
     yield env
@@ -285,7 +285,7 @@ def test_a_turn_the_renderer_cannot_bridge_is_refused_and_counted(guess, tok):
 
 
 def test_an_unknown_taskset_is_one_line(tok):
-    from envs.base import make_env
+    from envs.loading import make_env
     from envs.loading import EnvLoadError
 
     line = r"^environment verifiers \(id 'no_such_taskset'\): cannot load"

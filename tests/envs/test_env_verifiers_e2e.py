@@ -103,7 +103,7 @@ sys.path[:0] = [{str(Path(__file__).parent)!r}]
 import numpy as np
 from chat_dir import make_model_dir
 from convert.tokenizer import load_tokenizer
-from envs.base import make_env
+from envs.loading import make_env
 tok = load_tokenizer(make_model_dir(__import__("pathlib").Path({str(tmp_path / "m")!r})))
 env = make_env("verifiers", tok, id="vf_guess")
 tasks = [env.sample_task_at(np.random.default_rng(0), f"t{{k}}", k) for k in range(3)]
