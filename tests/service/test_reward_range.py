@@ -94,7 +94,7 @@ def _limit_of_ten(svc):
     assert "at most 10 in magnitude (service.limits.max_abs_reward)" in results[1].reason
 
 
-@pytest.mark.parametrize("value", ["0", "-1", ".inf", ".nan", "'x'"])
+@pytest.mark.parametrize("value", ["0", "-1", ".inf", ".nan", "'x'", "1e16"])
 def test_max_abs_reward_must_be_a_positive_finite_number(value):
     with pytest.raises(ConfigError, match="service.limits.max_abs_reward"):
         load_config(None, [f"service.limits.max_abs_reward={value}"])

@@ -48,8 +48,9 @@ class ServiceLimitsConfig(_Strict):
     max_concurrent_rpcs: int = Field(512, gt=0)
     # A reward, reward part or metric whose magnitude is above this (or that is not finite) is
     # out of range: a reward function's scores 0 as reward/errors/out_of_range, a Submit carrying
-    # one is refused. float32 advantages of a group holding 3e38 come out NaN.
-    max_abs_reward: float = Field(1e6, gt=0, allow_inf_nan=False)
+    # one is refused. float32 advantages of a group holding 3e38 come out NaN; at most 1e15, so
+    # GRPO's squared deviations in float32 ((2e15)^2 x thousands of samples) cannot overflow.
+    max_abs_reward: float = Field(1e6, gt=0, le=1e15, allow_inf_nan=False)
 
 
 class RouterConfig(_Strict):

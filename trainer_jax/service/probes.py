@@ -15,7 +15,9 @@ A report is judged in this order (``mixrl_wire.probe``):
    goes above for ``alarm_after`` reports in a row, counted, in ``Status``; one report of 64
    tokens swings widely). ``service.probe.bounds: run`` (default): a probe KL above
    ``alarm_factor`` x the median of the group's newest reports (``RECENT``, at least
-   ``baseline_versions``), never below the measured table's bound: a jump, not the slow growth
+   ``baseline_versions``), never below the measured table's bound nor above ``MAX_RUN_KL`` (1
+   nat a token: a sampler sending numbers it did not compute alarms even before the group has a
+   baseline, and cannot become its own): a jump, not the slow growth
    of the mismatch as the policy sharpens — a recipe's mismatch depends on the model
    (on the demo's trained policy, nvfp4_w4a4 shows a probe KL near 0.1 where the table's tiny
    random policies show 4e-4). ``bounds: table``: the measured bound (per recipe, backend and device
@@ -68,6 +70,11 @@ BOUNDS_FILE = Path(__file__).with_name("probe_bounds.json")
 RECENT = 16
 #: used for a recipe nothing was measured for: loose enough that only a broken sampler alarms
 DEFAULT_BOUND = Bound(kl=0.05, max_abs=2.0, noise=1e-3)
+#: ``bounds: run`` never takes a probe KL above this for a group's normal, not even before its
+#: baseline: the worst healthy recipe seen (nvfp4_w4a4 on the demo's trained policy) shows ~0.1,
+#: a sampler that sends numbers it did not compute (log q = 0 everywhere, a constant) several
+#: nats a token, and would otherwise be its own baseline.
+MAX_RUN_KL = 1.0
 
 
 #: the trainer's probe records (with log p) in the run directory, never published
@@ -185,19 +192,19 @@ class ProbeBook:
             return
         if probe is None:
             return
-        if not probe.has_logprobs:
-            places = self._record_places(Path(directory))
-            record = next((r for r in (read_record(d, probe) for d in places) if r is not None), None)
-            if record is None:
-                why = (f"the trainer's log p of version {probe.version} is in none of "
-                       f"{', '.join(str(record_path(d, probe.version)) for d in places)}: "
-                       "reports are not judged")
-                log.warning("%s", why)
-                with self.lock:
-                    self.unjudged[probe.version] = why
-                return
-            probe = record
-        self.add(probe)
+        # The record first, even where the file has log p: those of a format-1 file are used only
+        # when the run kept no record of its own.
+        places = self._record_places(Path(directory))
+        record = next((r for r in (read_record(d, probe) for d in places) if r is not None), None)
+        if record is None and not probe.has_logprobs:
+            why = (f"the trainer's log p of version {probe.version} is in none of "
+                   f"{', '.join(str(record_path(d, probe.version)) for d in places)}: "
+                   "reports are not judged")
+            log.warning("%s", why)
+            with self.lock:
+                self.unjudged[probe.version] = why
+            return
+        self.add(record or probe)
 
     def _record_places(self, directory: Path) -> list[Path]:
         """``record_dir``, then ``probes/`` beside the versions' root: an export sits at
@@ -284,12 +291,12 @@ class ProbeBook:
             return table
         with self.lock:
             base = list(self.baselines.get(group, ()))
-        if len(base) < self.cfg.baseline_versions:  # no baseline yet: nothing to alarm against
-            return Bound(math.inf, math.inf, table.noise, measured_on="run")
+        if len(base) < self.cfg.baseline_versions:  # no baseline yet: only the absurd alarms
+            return Bound(max(table.kl, MAX_RUN_KL), math.inf, table.noise, measured_on="run")
         # A jump in KL over the group's recent median (a reload that broke scales, a wrong
         # export); slow drift as the policy sharpens is not a fault. max |Δ| swings too much
         # between versions to alarm on here.
-        kl = max(table.kl, self.cfg.alarm_factor * statistics.median(b[0] for b in base))
+        kl = max(table.kl, min(MAX_RUN_KL, self.cfg.alarm_factor * statistics.median(b[0] for b in base)))
         return Bound(kl, math.inf, table.noise, measured_on="run")
 
     def _reload_or_revoke(self, s: Session, verdict: str, reason: str) -> tuple[int, str]:
