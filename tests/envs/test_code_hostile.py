@@ -122,7 +122,8 @@ def test_documented_forms_are_read_into_checks_made_here():
     for library in ("from os.path import exists\nassert exists(f())",
                     "import numpy as np\nassert np.any(f())",
                     "from re import fullmatch as m\nassert m('a+', f()) is not None",
-                    "from builtins import all as every\nassert every(f()) == True"):
+                    "from builtins import all as every\nassert every(f()) == True", "assert not len(f())",
+                    "assert not sorted(f())"):
         with pytest.raises(RewardError, match="unsupported_test"):
             parse_tests(library)
     # A malformed row is still a plain ValueError (the dataset's fault), not unsupported_test.

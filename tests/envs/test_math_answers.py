@@ -82,6 +82,9 @@ PAIRS = [
     ("1e3", "1001", False),
     ("12 dollars and 5 cents", "12", False),
     ("\\pi^{100} + 1", "\\pi^{100}", False),  # equal to 50 significant digits, not past the point
+    ("\\pi^{1000} + 1", "\\pi^{1000}", False),  # 497 digits before the point: the precision grows
+    ("3.14159265358979323846264338327950288419716939937510582097494459230781640628620899862803482534",
+     "\\pi", False),  # 91 digits: compared past them
     ("10^{-50}\\cdot 3.14159", "10^{-50}\\pi", False),  # a near miss among tiny values
     ("42 + \\frac{1}{\\sqrt{2}-\\sqrt{2}}", "42", False),  # a division by what may be 0 is no value
     ("\\sqrt{-4}", "2", False),
