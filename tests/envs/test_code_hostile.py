@@ -183,20 +183,30 @@ def test_every_documented_form_passes_a_right_solution_and_fails_a_wrong_one():
     assert wrong == {"reward": 0.0, "tests_passed": 0.0}, (wrong, n)
 
 
+NOT_PLAIN = ALWAYS_EQUAL + """
+class T:
+    def __bool__(self): return True
+def even(n): return T()
+class F(float):
+    pass
+def third(x): return F(0.3333333)
+class C:
+    def __contains__(self, x): return True
+def pair(x): return C()
+def listed(): return [1, object()]
+"""
+
+
 @needs_sandbox
-@pytest.mark.parametrize("reply,tests,kind", [
-    (ALWAYS_EQUAL, ["assert add(2, 3) == 5"], "Yes"),
-    ("class T:\n    def __bool__(self): return True\ndef even(n): return T()\n", ["assert even(3)"], "T"),
-    ("class F(float):\n    pass\ndef third(x): return F(0.3333333)\n",
-     ["assert abs(third(1) - 0.3333333) < 1e-6"], "F"),
-    ("class C:\n    def __contains__(self, x): return True\ndef pair(x): return C()\n",
-     ["assert 9 in pair(1)"], "C"),
-    ("def add(a, b): return [1, object()]\n", [{"call": "add(2, 3)", "expect": [1, 2]}], "object"),
-], ids=["always-equal", "own __bool__", "float subclass", "own __contains__", "object in a list"])
-def test_values_that_are_not_plain_data_are_named(reply, tests, kind):
+def test_values_that_are_not_plain_data_are_named():
+    # An always-equal object, its own __bool__, a float subclass, its own __contains__, an object
+    # inside a list: each of the five tests gets a value that is not plain data, the first is named.
+    tests = ["assert add(2, 3) == 5", "assert even(3)", "assert abs(third(1) - 0.3333333) < 1e-6",
+             "assert 9 in pair(1)", {"call": "listed()", "expect": [1, 2]}]
     with pytest.raises(RewardError) as caught:
-        code_reward(completion=f"```python\n{reply}```", task={"tests": tests})
-    assert caught.value.reason == "non_plain_value" and f"gave a {kind}," in str(caught.value), caught.value
+        code_reward(completion=f"```python\n{NOT_PLAIN}```", task={"tests": tests})
+    assert caught.value.reason == "non_plain_value", caught.value
+    assert "test 0 ('add(2, 3)') gave a Yes, not plain data (5 of 5 tests)" in str(caught.value), caught.value
 
 
 @needs_sandbox
