@@ -111,6 +111,14 @@ def test_without_a_uid_the_hijack_still_cannot_forge_an_answer(monkeypatch, capl
         pool.close()
 
 
+def test_not_root_names_every_part(monkeypatch):
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    p = plan()
+    assert (p.uid, p.cgroup, p.namespaces) == (False, False, False)
+    line = p.warning()
+    assert line.count("(not root: uid 1000)") == 3 and "can signal the trainer" in line, line
+
+
 def test_root_without_a_cgroup_names_only_the_cgroup():
     gaps = describe_gaps(uid=None, cgroup="no writable cgroup", namespaces=None)
     line = Plan(True, False, True, gaps).warning()
