@@ -131,7 +131,7 @@ from envs.rewards import worker
 sup = worker.Supervisor()
 r, w = os.pipe()
 fcntl.fcntl(w, 1031, 1 << 20)  # F_SETPIPE_SZ: room for the whole result at once
-line = json.dumps({"ok": True, "value": {"reward": 1.0, "metrics": {}}, "pad": ""}).encode()
+line = json.dumps({"nonce": "n0", "ok": True, "value": {"reward": 1.0, "metrics": {}}, "pad": ""}).encode()
 line = line[:-2] + b"x" * (worker.MAX_RESULT_BYTES - len(line) - 1) + b'"}\\n'
 assert len(line) == worker.MAX_RESULT_BYTES
 os.write(w, line + b"more\\n")
@@ -141,7 +141,7 @@ if pid == 0:
     os._exit(0)
 while open(f"/proc/{pid}/stat").read().split(")")[-1].split()[0] != "Z":
     time.sleep(0.01)
-os.write(sup.channel_out, json.dumps(sup._collect(pid, r, 10.0)).encode())
+os.write(sup.channel_out, json.dumps(sup._collect(pid, r, 10.0, "n0")).encode())
 """
 
 
