@@ -37,6 +37,7 @@ import functools
 import json
 import os
 import stat
+import subprocess
 import sys
 import threading
 from dataclasses import dataclass, field
@@ -104,9 +105,45 @@ def plan(mode: str | None = None) -> Plan:
     if os.geteuid() != 0:
         why = f"not root: uid {os.geteuid()}"
         return Plan(False, False, False, describe_gaps(uid=why, cgroup=why, namespaces=why))
+    namespaces, uid = _probe()
+    why_ns = None if namespaces else "unshare of a mount and IPC namespace refused: no CAP_SYS_ADMIN?"
+    why_uid = None if uid else "setresuid refused: no CAP_SETUID?"
+    if uid and not namespaces and covers(needed_paths()):
+        uid, why_uid = False, ("the interpreter's directories are closed to others and no mount namespace "
+                               "can open them to a call")
     cgroup = _cgroup_usable()
     why_cgroup = None if cgroup else "no writable cgroup v2 or v1 with the memory and pids controllers"
-    return Plan(True, cgroup, True, describe_gaps(uid=None, cgroup=why_cgroup, namespaces=None))
+    return Plan(uid, cgroup, namespaces, describe_gaps(uid=why_uid, cgroup=why_cgroup, namespaces=why_ns))
+
+
+_PROBE = f"""
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+ns = libc.unshare({CLONE_NEWNS | CLONE_NEWIPC}) == 0
+ns = ns and libc.mount(b"none", b"/", None, {MS_REC | MS_PRIVATE}, None) == 0
+shm = b"/dev/shm"
+flags = {MS_NOSUID | MS_NODEV}
+ns = ns and (not os.path.isdir(shm) or libc.mount(b"tmpfs", shm, b"tmpfs", flags, b"size=1m") == 0)
+try:
+    os.setgroups([]); os.setresgid(65534, 65534, 65534); os.setresuid(65534, 65534, 65534)
+    uid = True
+except OSError:
+    uid = False
+print(int(ns), int(uid))
+"""
+
+
+@functools.cache
+def _probe() -> tuple[bool, bool]:
+    """Whether a process of this host's root can take the namespaces and change uid (a root in a
+    container without CAP_SYS_ADMIN cannot unshare). A fresh interpreter tries, never a fork of
+    this (possibly multithreaded) process."""
+    try:
+        out = subprocess.run([sys.executable, "-I", "-S", "-c", _PROBE], capture_output=True, text=True,
+                             timeout=30).stdout.split()
+        return out[0] == "1", out[1] == "1"
+    except (OSError, subprocess.SubprocessError, IndexError):
+        return False, False
 
 
 def _cgroup_usable() -> bool:

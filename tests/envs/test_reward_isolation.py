@@ -23,7 +23,7 @@ from reward_procs import alive, scratch_dir, wait_dead
 
 import envs.rewards as rewards
 from envs.jail.uids import uid_processes
-from envs.rewards import RewardPool
+from envs.rewards import RewardPool, call_isolation
 from envs.rewards.call_isolation import CALL_MAX_PIDS, ISOLATION_ENV, Plan, describe_gaps, plan
 
 HERE = Path(__file__).parent
@@ -117,6 +117,21 @@ def test_not_root_names_every_part(monkeypatch):
     assert (p.uid, p.cgroup, p.namespaces) == (False, False, False)
     line = p.warning()
     assert line.count("(not root: uid 1000)") == 3 and "can signal the trainer" in line, line
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the probe runs only as root")
+def test_root_that_cannot_unshare_keeps_the_uid_only_where_the_interpreter_is_open(monkeypatch):
+    """Root in a container without CAP_SYS_ADMIN: no namespaces (named); the uid stays only if a
+    call could still reach the interpreter without the mount namespace's covers."""
+    monkeypatch.setattr(call_isolation, "_probe", lambda: (False, True))
+    monkeypatch.setattr(call_isolation, "covers", lambda paths: [("/root", [".pyenv"])])
+    closed = plan()
+    assert (closed.uid, closed.namespaces) == (False, False)
+    assert "unshare of a mount and IPC namespace refused" in closed.warning()
+    assert "interpreter's directories are closed to others" in closed.warning()
+    monkeypatch.setattr(call_isolation, "covers", lambda paths: [])
+    open_ = plan()
+    assert (open_.uid, open_.namespaces) == (True, False) and "per-call uid" not in open_.warning()
 
 
 def test_root_without_a_cgroup_names_only_the_cgroup():
