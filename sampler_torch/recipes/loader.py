@@ -143,10 +143,13 @@ def _load(ckpt: HFCheckpoint, codec: Codec, recipe: Recipe, device) -> tuple[
 
 
 def _round_spec(recipe: Recipe, given: RoundWeights | None) -> RoundWeights | None:
-    """The dial to apply: ``given``, else the recipe's ``round_weights`` (a mapping or None)."""
+    """The dial to apply: ``given``, else the recipe's ``round_weights`` (None, a ``RoundWeights``,
+    a (bits, block_size) pair or a mapping of the two)."""
     spec = given if given is not None else getattr(recipe, "round_weights", None)
     if spec is None or isinstance(spec, RoundWeights):
         return spec
+    if isinstance(spec, (tuple, list)):
+        return RoundWeights(*spec)
     return RoundWeights(**dict(spec))
 
 
