@@ -132,6 +132,10 @@ def test_the_alias_bomb_is_refused_in_milliseconds_and_the_limit_is_not_met_by_r
                                           r"over the limit of 100,000 alias expansions"):
         load_config(bombs / "laughs.yaml")
     assert time.perf_counter() - t0 < 2.0
+    t0 = time.perf_counter()  # the scanner stops at the 101st bracket, not after looking ahead
+    with pytest.raises(ConfigError, match=r"brackets.yaml: nested deeper than 100 levels \(line 1, col"):
+        load_config(bombs / "brackets.yaml")
+    assert time.perf_counter() - t0 < 1.0
     # one level less than the limit allows passes the loader (9^5 = 59,049 added values)
     assert len(read_yaml_ok(billion_laughs(5))["l4"]) == 9
     # every shipped YAML loads to the same values as yaml.safe_load

@@ -50,11 +50,21 @@ def short(value: Any, limit: int = 100) -> str:
 
 
 class _Loader(yaml.SafeLoader):
-    """SafeLoader whose composer stops at ``MAX_DEPTH`` levels (before Python's own limit)."""
+    """SafeLoader whose scanner (brackets) and composer (any nesting) stop at ``MAX_DEPTH``
+    levels, long before Python's recursion limit."""
 
     def __init__(self, stream: str) -> None:
         super().__init__(stream)
         self._depth = 0
+
+    def fetch_flow_collection_start(self, TokenClass):  # noqa: ANN001, ANN201, N803  (PyYAML's)
+        # The scanner looks ahead up to 1,024 characters per open bracket for a possible key (a
+        # quadratic walk, seconds for a line of brackets): refuse at the bracket that is too deep.
+        if self.flow_level >= MAX_DEPTH:
+            mark = self.get_mark()
+            raise YamlError(f"nested deeper than {MAX_DEPTH} levels (line {mark.line + 1}, column "
+                            f"{mark.column + 1}; the limit of nesting for a YAML document)")
+        super().fetch_flow_collection_start(TokenClass)
 
     def compose_node(self, parent, index):  # noqa: ANN001, ANN201  (PyYAML's signature)
         self._depth += 1
