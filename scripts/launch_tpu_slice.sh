@@ -35,6 +35,7 @@ gcloud_tpu() {  # gcloud_tpu ssh|scp ARGS...: every worker of the slice
 case $action in
   setup)
     archive=$(mktemp -d)/mixrl.tar.gz
+    trap 'rm -rf "$(dirname "$archive")"' EXIT  # the local copy, once it is on the hosts
     git -C "$(dirname "$0")/.." archive --format=tar.gz -o "$archive" HEAD
     gcloud_tpu scp "$archive" "$tpu:/tmp/mixrl.tar.gz"
     gcloud_tpu ssh "$tpu" --command "mkdir -p $remote_dir && tar -xzf /tmp/mixrl.tar.gz -C $remote_dir \

@@ -36,6 +36,15 @@ def is_loopback(addr: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
     return addr.is_loopback
 
 
+def peer_host(endpoint: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    """The address of an ``"ip:port"`` / ``"[ip6]:port"`` endpoint; an IPv4-mapped IPv6 address
+    (how a dual-stack socket, e.g. Ray's, sees an IPv4 peer) as its IPv4 address."""
+    addr = ipaddress.ip_address(endpoint.rsplit(":", 1)[0].strip("[]"))
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        return addr.ipv4_mapped
+    return addr
+
+
 def parse_table(text: str, table: str) -> dict[int, tuple[str, str, str]]:
     """``inode -> (local "ip:port", remote "ip:port", state hex)`` of one ``/proc/net/<table>``
     text; only sockets with a remote end (connected, or connecting)."""
@@ -113,8 +122,7 @@ def off_loopback(pids: Iterable[int], conns: list[tuple[int, str, str, str]] | N
     """One line per connection of ``pids`` whose peer is off 127.0.0.0/8: pid, command, sockets."""
     bad = []
     for pid, table, local, remote in connections(pids) if conns is None else conns:
-        host = remote.rsplit(":", 1)[0].strip("[]")
-        if not is_loopback(ipaddress.ip_address(host)):
+        if not is_loopback(peer_host(remote)):
             bad.append(f"pid {pid} ({_cmdline(pid)}): {table} {local} -> {remote}")
     return sorted(bad)
 

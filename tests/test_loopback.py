@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from loopback import LoopbackWatch, connections, is_loopback, off_loopback, parse_table, tree
+from loopback import LoopbackWatch, connections, is_loopback, off_loopback, parse_table, peer_host, tree
 from shipped_setup import own_network_available
 
 
@@ -62,6 +62,8 @@ def test_addresses_and_loopback_boundaries():
                        ("126.255.255.255", False), ("::1", True), ("::2", False), ("::ffff:127.0.0.9", True),
                        ("::ffff:10.0.0.1", False), ("192.0.2.2", False)):
         assert is_loopback(ipaddress.ip_address(addr)) is loop, addr
+    assert str(peer_host(f"[{mapped}]:80")) == "127.0.0.1" and str(peer_host("[::1]:81")) == "::1"
+    assert str(peer_host("10.0.0.1:443")) == "10.0.0.1"
 
 
 _SELF_CONNECT = """

@@ -176,3 +176,44 @@ def test_tpu_launcher_finds_python_on_each_host(tmp_path):
     assert hosts(VIRTUAL_ENV=str(tmp_path / "active"), PYTHON=str(explicit)) == ["explicit", "explicit"]
     usage = subprocess.run([str(TPU)], capture_output=True, text=True, timeout=60)
     assert usage.returncode == 2 and "Python on each host: $PYTHON" in usage.stdout
+
+
+def test_gpu_launcher_on_several_hosts_as_its_usage_writes_it(tmp_path):
+    """``NNODES=2 NODE_RANK=0|1 COORDINATOR=host0:12345 scripts/launch_gpu_host.sh CONFIG
+    mesh.dcn_data=2``: each host's program gets its place in jax.distributed's variables; a
+    missing rank or coordinator is one line from the script."""
+    py = tmp_path / "venv/bin/python"
+    py.parent.mkdir(parents=True)
+    py.write_text('#!/bin/sh\necho "$MIXRL_NUM_PROCESSES $MIXRL_PROCESS_ID $MIXRL_COORDINATOR_ADDRESS $*"\n')
+    py.chmod(0o755)
+    env = _bare_env(VIRTUAL_ENV=str(tmp_path / "venv"), NNODES="2", COORDINATOR="host0:12345")
+    for rank in ("0", "1"):
+        out = subprocess.run([str(GPU), "configs/gpu_host.yaml", "mesh.dcn_data=2"],
+                             env={**env, "NODE_RANK": rank}, capture_output=True, text=True, timeout=60)
+        want = f"2 {rank} host0:12345 -m trainer_jax.cli --config configs/gpu_host.yaml mesh.dcn_data=2"
+        assert out.stdout.strip() == want, out.stdout + out.stderr
+    for missing, says in (("NODE_RANK", "NODE_RANK is required with NNODES > 1"),
+                          ("COORDINATOR", "COORDINATOR=host:port is required with NNODES > 1")):
+        out = subprocess.run([str(GPU), "configs/gpu_host.yaml"],
+                             env={k: v for k, v in {**env, "NODE_RANK": "0"}.items() if k != missing},
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode != 0 and out.stdout == "" and says in out.stderr, out.stderr
+
+
+def test_tpu_setup_and_stop_as_their_usage_writes_them(tmp_path):
+    """``setup`` and ``stop`` (DRY_RUN=1: the gcloud commands, as the usage text says)."""
+    env = {**_bare_env(), "DRY_RUN": "1"}
+    setup = subprocess.run([str(TPU), "setup", "my-tpu", "us-east5-a"], env=env, capture_output=True,
+                           text=True, timeout=60)
+    lines = [line.strip() for line in setup.stdout.splitlines()]
+    assert setup.returncode == 0 and len(lines) == 2, setup.stdout + setup.stderr
+    assert lines[0].startswith("gcloud compute tpus tpu-vm scp --zone us-east5-a --worker=all ")
+    assert lines[0].endswith(" my-tpu:/tmp/mixrl.tar.gz")
+    assert "python3\\ -m\\ venv\\ .venv" in lines[1]
+    assert ".venv/bin/pip\\ install\\ -q\\ -e\\ \\'.\\[tpu\\]\\'" in lines[1]
+    archive = Path(lines[0].split()[-2])
+    assert archive.name == "mixrl.tar.gz" and not archive.parent.exists()  # the local copy is removed
+    stop = subprocess.run([str(TPU), "stop", "my-tpu", "us-east5-a"], env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert stop.returncode == 0 and stop.stdout.startswith(
+        "gcloud compute tpus tpu-vm ssh --zone us-east5-a --worker=all my-tpu --command pkill"), stop.stdout
