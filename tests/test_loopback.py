@@ -144,3 +144,23 @@ def test_a_test_that_talks_off_loopback_fails(tmp_path):
     # the test's own body passed; the watch's teardown failed it
     assert "1 passed, 1 error" in out.stdout, out.stdout + out.stderr
     assert "ERROR at teardown of test_off" in out.stdout and "-> 10.77.0.1:" in out.stdout, out.stdout
+
+
+def test_the_suite_fixture_sees_this_tests_children(loopback_only):
+    """What every test gets from tests/conftest.py: a watch over this process and its children,
+    which sees a child's connection (and finds it on loopback)."""
+    child = subprocess.Popen([sys.executable, "-c", "import socket, time; s = socket.socket(); "
+                              "s.bind(('127.0.0.1', 0)); s.listen(); print(s.getsockname()[1], flush=True); "
+                              "c, _ = s.accept(); time.sleep(30)"], stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(child.stdout.readline())
+        with socket.create_connection(("127.0.0.1", port)) as client:
+            time.sleep(0.2)  # the child's accept
+            loopback_only.sample()
+            mine = f"127.0.0.1:{client.getsockname()[1]}"
+            assert ("tcp", f"127.0.0.1:{port}", mine) in loopback_only.seen  # the child's end
+            assert ("tcp", mine, f"127.0.0.1:{port}") in loopback_only.seen  # this process's end
+            assert loopback_only.found == []
+    finally:
+        child.kill()
+        child.wait()
