@@ -2,8 +2,8 @@
 
 - ``math``: the final answer of the reply (the last ``\\boxed{...}``, else a ``#### ...`` line)
   against the row's answer (its ``#### ...`` part for GSM8K-style answers), equal as written or as
-  values read by ``envs.rewards.math_answer`` (a grammar of our own: the reply is parsed, never
-  evaluated as code; what it cannot read is ``unparseable`` and scores 0).
+  values read by ``envs.rewards.math_answer`` / ``math_values`` (a grammar of our own: the reply
+  is parsed, never evaluated as code; what it cannot read is ``unparseable`` and scores 0).
 - ``exact``: the reply, stripped, equals the answer, stripped.
 - ``code``: the reply's last fenced Python block (or the whole reply) is imported in the
   namespace sandbox, the expressions of the row's ``tests`` (a string, or a list of ``assert``
@@ -24,7 +24,7 @@ BUILTINS = {"math": "envs.rewards.builtin:math_reward", "exact": "envs.rewards.b
             "code": "envs.rewards.builtin:code_reward"}
 # Modules a built-in imports lazily, imported once by the reward worker (``envs.rewards.worker``)
 # so that the per-call processes it forks start with them loaded.
-WARM = {"math": ("mpmath", "envs.rewards.math_answer"),
+WARM = {"math": ("mpmath", "envs.rewards.math_values"),
         "code": ("envs.sandbox", "envs.rewards.code_harness")}
 # Built-ins whose calls run in the worker itself, not in a process forked per call: code we wrote
 # that neither forks nor writes to descriptors, where a fork (tens of ms, and sympy's caches cold
@@ -65,7 +65,8 @@ def answers_match(got: str, want: str) -> bool:
     """Equal as written (spacing and wrappers aside) or as values read by our own parser
     (``envs.rewards.math_answer``: exact fractions, symbols, roots, pi); text it cannot read is
     ``unparseable`` and matches nothing but the same text."""
-    from envs.rewards.math_answer import answers_equal, normalise
+    from envs.rewards.math_answer import normalise
+    from envs.rewards.math_values import answers_equal
 
     try:
         a, b = normalise(got), normalise(want)

@@ -14,9 +14,10 @@ from fractions import Fraction
 
 import pytest
 
-from envs.rewards import RewardPool, math_answer
+from envs.rewards import RewardPool, math_answer, math_values
 from envs.rewards.builtin import answers_match, math_reward
-from envs.rewards.math_answer import MAX_BITS, MAX_DEPTH, MAX_EXPONENT, Unparseable, answers_equal
+from envs.rewards.math_answer import MAX_BITS, MAX_DEPTH, Unparseable
+from envs.rewards.math_values import MAX_EXPONENT, answers_equal
 
 # (the reply's final answer, the row's answer, match?)
 PAIRS = [
@@ -219,7 +220,7 @@ def test_values_against_fraction_arithmetic_done_here():
     rng = random.Random(44)
     for _ in range(300):
         text, want = _render(rng.randint(0, 4), rng)
-        assert math_answer.value(math_answer.parse(text), {}) == want, text
+        assert math_values.value(math_answer.parse(text), {}) == want, text
         near = want + Fraction(1, 10**12)
         assert answers_equal(text, str(want.numerator) + "/" + str(want.denominator))
         assert not answers_equal(text, f"{near.numerator}/{near.denominator}")
