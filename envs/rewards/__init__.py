@@ -4,6 +4,9 @@ A reward is called by keyword, ``fn(completion=..., answer=..., prompt=..., task
 returns a float or a dict with ``reward`` (its other numeric keys become metrics). Calls run in
 a pool of worker processes (``envs.rewards.worker``) with a per-call timeout: the user's code can
 raise, loop forever or exhaust memory, and the trainer only sees a 0 with the reason counted.
+Each call (the built-ins' included) runs in a process of its own, as root under a uid of its own
+in a cgroup with a private ``/dev/shm`` (``envs.rewards.call_isolation``): it reaches nothing but
+its own answer. A reward or metric beyond ``max_abs_reward`` scores 0 as ``out_of_range``.
 """
 
 from __future__ import annotations
