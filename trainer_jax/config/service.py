@@ -6,9 +6,9 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from mixrl_wire.token_file import check_token_file
 from trainer_jax.config.base import Strict as _Strict
 from trainer_jax.config.base import one_of
-from trainer_jax.token_file import check_token_file
 
 
 class TLSConfig(_Strict):

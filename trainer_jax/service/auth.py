@@ -6,7 +6,7 @@ balancers and ``grpcurl`` work without the secret. The token comes from ``--toke
 ``service.token_file`` or the ``MIXRL_TOKEN`` environment variable; there is no default token.
 ``mixrl-train`` (which starts the service with its learner) uses ``service.token_file``'s token
 when the file exists and otherwise writes a new one there (``ensure_token_file``); without it, a
-fresh token in ``<run>/token``. A token file is read with a bound (``trainer_jax.token_file``): a
+fresh token in ``<run>/token``. A token file is read with a bound (``mixrl_wire.token_file``): a
 regular file of at most 4 KiB, never a device, FIFO or directory.
 """
 
@@ -21,8 +21,8 @@ from pathlib import Path
 
 import grpc
 
+from mixrl_wire.token_file import TokenFileError, read_token_text
 from trainer_jax.config import TLSConfig
-from trainer_jax.token_file import TokenFileError, read_token_text
 
 TOKEN_ENV = "MIXRL_TOKEN"
 EXEMPT_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.v1alpha.ServerReflection/",

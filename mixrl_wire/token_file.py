@@ -5,7 +5,7 @@ A path from a config can name anything: ``/dev/zero`` (an unbounded ``read()`` o
 in 12 s), a FIFO (``open`` blocks until a writer comes), a directory, a huge file. Each is one line
 naming the path and what it is, at config load (``trainer_jax.config.service``) and again where the
 token is read (``trainer_jax.service.auth``): the file can change in between. Only the standard
-library, so the config can import it.
+library: the trainer's config, samplers and launchers can all read token files with it.
 """
 
 from __future__ import annotations
