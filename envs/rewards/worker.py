@@ -4,7 +4,8 @@ The pool (``envs.rewards.RewardPool``) writes one JSON request per line on the w
 ``{"id": n, "fn": "package.module:function", "kwargs": {...}, "timeout_s": t, "memory_bytes": m}``
 (or ``{"id": n, "check": spec}`` to import only), and reads exactly one answer line per request,
 ``{"id": n, "ok": true, "value": {"reward": r, "metrics": {...}}}`` or
-``{"id": n, "ok": false, "reason": "...", "error": "..."}``. A request line over ``MAX_REQUEST_BYTES``
+``{"id": n, "ok": false, "reason": "...", "error": "..."}``; a request's ``nonce`` (the pool makes
+one per request) comes back in its answer. A request line over ``MAX_REQUEST_BYTES``
 is answered ``{"id": null, "ok": false, "reason": "too_large", ...}`` before the rest of it is read,
 and the worker exits (the pool checks the size before it writes, so it never sends one).
 
@@ -71,6 +72,15 @@ PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER = 1, 4, 36
 # Calls that keep root in their child: ``code`` starts the namespace sandbox (root only) and runs
 # only our harness there; the reply's code runs in the jail as the sandbox's uid.
 ROOT_CALLS = ("code", BUILTINS["code"])
+# What the built-ins' calls keep of the worker's environment: they need no API key of the
+# trainer's, so a reply that subverted one reads none (the jail's settings are MIXRL_*). A
+# function of your own keeps the whole environment (a judge may need its key).
+BUILTIN_ENV = ("PATH", "LANG", "LC_ALL", "TMPDIR")
+
+
+def builtin_environment(environ: dict[str, str]) -> dict[str, str]:
+    """The part of ``environ`` a built-in's call keeps."""
+    return {k: v for k, v in environ.items() if k in BUILTIN_ENV or k.startswith("MIXRL_")}
 TERM_GRACE_S = 1.0
 
 
@@ -149,9 +159,13 @@ def _terminate(signum, frame):
 
 
 def _child(fn: Callable, kwargs: dict, out: int, memory_bytes: int, supervisor: int,
-           timeout_s: float, nonce: str, jail: CallJail, keep_root: bool) -> None:
+           timeout_s: float, nonce: str, jail: CallJail, spec: str) -> None:
     """Run the function once and report on ``out``; never returns (``os._exit``)."""
     try:
+        if spec in BUILTINS or spec in BUILTINS.values():
+            kept = builtin_environment(dict(os.environ))
+            os.environ.clear()
+            os.environ.update(kept)
         _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
         if os.getppid() != supervisor:  # the supervisor died before the death signal was set
             os._exit(1)
@@ -162,7 +176,7 @@ def _child(fn: Callable, kwargs: dict, out: int, memory_bytes: int, supervisor: 
         os.closerange(3, out)
         os.closerange(out + 1, os.sysconf("SC_OPEN_MAX"))
         try:
-            jail.enter(keep_root=keep_root)
+            jail.enter(keep_root=spec in ROOT_CALLS)
         except IsolationError as e:
             _report(out, {"nonce": nonce, **_error("isolation", f"the call's isolation failed: {e}")})
             os._exit(0)
@@ -332,15 +346,16 @@ class Supervisor:
         while data:
             data = data[os.write(self.channel_out, data):]
 
-    def call(self, fn: Callable, kwargs: dict, timeout_s: float, memory_bytes: int,
-             keep_root: bool = False) -> dict:
+    def call(self, fn: Callable, kwargs: dict, timeout_s: float, memory_bytes: int, spec: str = "") -> dict:
+        """One call of ``fn`` in a child forked for it (``spec`` names it: the built-ins' calls run
+        with a reduced environment, ``code``'s keeps root)."""
         nonce = secrets.token_hex(16)  # made now: the child of an earlier call never saw it
         ooms = self.jail.oom_kills()
         r, w = os.pipe()
         pid = os.fork()
         if pid == 0:
             os.close(r)
-            _child(fn, kwargs, w, memory_bytes, os.getppid(), timeout_s, nonce, self.jail, keep_root)
+            _child(fn, kwargs, w, memory_bytes, os.getppid(), timeout_s, nonce, self.jail, spec)
         os.close(w)
         try:
             answer = self._collect(pid, r, timeout_s, nonce)
@@ -457,7 +472,7 @@ def main(argv: list[str] | None = None) -> None:
                 if spec not in sup.functions:
                     sup.functions[spec] = resolve(spec)
                 answer = sup.call(sup.functions[spec], request.get("kwargs", {}), float(request["timeout_s"]),
-                                  int(request.get("memory_bytes") or 0), keep_root=spec in ROOT_CALLS)
+                                  int(request.get("memory_bytes") or 0), spec=spec)
         except Exception as e:  # noqa: BLE001 - an import failure is the request's error, not ours
             answer = _error("load", f"{type(e).__name__}: {e}")
         # The pool's per-request nonce goes back with the answer: a line that some other process

@@ -25,6 +25,7 @@ import envs.rewards as rewards
 from envs.jail.uids import uid_processes
 from envs.rewards import RewardPool, call_isolation
 from envs.rewards.call_isolation import CALL_MAX_PIDS, ISOLATION_ENV, Plan, describe_gaps, plan
+from envs.rewards.worker import builtin_environment
 
 HERE = Path(__file__).parent
 PLAN = plan()
@@ -374,3 +375,10 @@ def test_max_abs_reward_is_the_pools(monkeypatch):
     for bad in (0, -1, float("inf"), float("nan"), True, "1e6"):
         with pytest.raises(ValueError, match="max_abs_reward must be a finite number > 0"):
             RewardPool("math", max_abs_reward=bad)
+
+
+def test_the_built_ins_calls_keep_no_api_key_of_the_trainers():
+    env = {"PATH": "/usr/bin", "LANG": "C.UTF-8", "MIXRL_SANDBOX_UID_BASE": "1610612736",
+           "WANDB_API_KEY": "k", "HF_TOKEN": "t", "OPENAI_API_KEY": "o", "HOME": "/root"}
+    assert builtin_environment(env) == {"PATH": "/usr/bin", "LANG": "C.UTF-8",
+                                        "MIXRL_SANDBOX_UID_BASE": "1610612736"}
