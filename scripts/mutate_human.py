@@ -225,16 +225,23 @@ def run_module(name: str, *, workdir: Path, results: Path, sample: int | None, s
     commit = base.prepare_clone(clone)
     paths, tests = base.MODULES[name]
     base.check_imports(clone, paths)
-    command = base.test_command(clone, name, timeout or 600, quiet=True)
-    took = base.baseline_command(clone, command)
-    limit = timeout or max(30.0, 3 * took + 15)
-    command = base.test_command(clone, name, limit)
     # Two stages: the first mapped file alone (the module's own reference tests, seconds), then,
     # only if that passes, every mapped file. A failure in either is a kill; only a mutant that
     # passes both survives, so the score is the full list's, at a fraction of the time on a
-    # loaded machine (a fresh interpreter importing torch or JAX costs most of a run).
-    first = base.test_command(clone, name, limit, quiet=True, tests=tests[:1])
-    stages = [first, command] if len(tests) > 1 else [command]
+    # loaded machine (a fresh interpreter importing torch or JAX costs most of a run). Each
+    # stage's baseline (unmutated, must pass; x 3 + 15 s is its timeout) runs before its first use.
+    stages = [tests[:1], tests] if len(tests) > 1 else [tests]
+    limits: dict[int, float] = {}
+
+    def stage_command(i: int) -> tuple[str, float]:
+        if i not in limits:
+            took = base.baseline_command(clone, base.test_command(clone, name, timeout or 3600, quiet=True,
+                                                                  tests=stages[i]))
+            limits[i] = timeout or max(30.0, 3 * took + 15)
+            print(f"mutate {name} (human): stage {i + 1} baseline {took:.1f} s, timeout {limits[i]:.0f} s",
+                  flush=True)
+        return base.test_command(clone, name, limits[i], quiet=True, tests=stages[i]), limits[i]
+
     every = module_mutants(clone, paths)
     chosen = sorted(random.Random(seed).sample(range(len(every)), sample)) if sample and sample < len(every) \
         else list(range(len(every)))
@@ -253,8 +260,7 @@ def run_module(name: str, *, workdir: Path, results: Path, sample: int | None, s
             print(f"mutate {name} (human): the tests changed: {len(again)} survivors run again")
     else:
         done = {}
-    print(f"mutate {name} (human): commit {commit[:10]}, baseline {took:.1f} s, timeout {limit:.0f} s "
-          f"per mutant, {len(chosen)} of {len(every)} mutants")
+    print(f"mutate {name} (human): commit {commit[:10]}, {len(chosen)} of {len(every)} mutants", flush=True)
     for i in chosen:
         m = every[i]
         if m.key in done:
@@ -266,7 +272,10 @@ def run_module(name: str, *, workdir: Path, results: Path, sample: int | None, s
         t0 = time.monotonic()
         try:
             outcome = "survived"
-            for stage in stages:
+            for i in range(len(stages)):
+                path.write_text(original)  # the baseline runs unmutated
+                stage, limit = stage_command(i)
+                path.write_text(mutated)
                 proc = subprocess.run(["nice", "-n", "19", *shlex.split(stage)], cwd=clone,
                                       env=base.test_env(clone), capture_output=True, text=True, timeout=limit)
                 if proc.returncode != 0:
@@ -286,7 +295,7 @@ def run_module(name: str, *, workdir: Path, results: Path, sample: int | None, s
         _save(session, {**state_of(meta, chosen, every), "results": done})
     state = {**state_of(meta, chosen, every), "results": done}
     _save(session, state)
-    return write_report(name, state, results, baseline_s=round(took, 1))
+    return write_report(name, state, results, stage_timeouts_s=[round(v) for v in limits.values()])
 
 
 def state_of(meta: dict, chosen: list[int], every: list[Mutant]) -> dict:
