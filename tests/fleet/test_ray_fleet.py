@@ -23,6 +23,7 @@ import yaml
 ray = pytest.importorskip("ray", reason="the ray extra (pip install 'mixrl[ray]')")
 pytest.importorskip("sampler_torch.engine", reason="the sampler engine is needed for real samplers")
 sys.path.insert(0, str(Path(__file__).parents[1] / "service"))  # tiny.py
+from loopback import peer_host  # noqa: E402
 from tiny import tiny_char_model  # noqa: E402
 
 from trainer_jax.config import load_config  # noqa: E402
@@ -39,6 +40,13 @@ ENV = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "MIXRL_TOKEN": TOKEN, **RAY
 # default: 5, 3 s apart, ~15 s); the timeout per check stays Ray's 10 s, so a node merely slow under
 # load is not declared dead, and a killed one (connection refused at once) is, in ~3 s.
 HEALTH = {"RAY_health_check_period_ms": "1000", "RAY_health_check_failure_threshold": "3"}
+# The node address every node of the test's cluster advertises: loopback, but not 127.0.0.1. Ray
+# 2.60 replaces the literal 127.0.0.1 / localhost / ::1 of `--node-ip-address` and of addresses
+# with the host's interface address (`resolve_ip_for_localhost`), and then the GCS, raylets,
+# workers and drivers connect to that; any other address of 127.0.0.0/8 it takes as given. The
+# test's loopback watch (tests/loopback.py) checks every Ray process's peers while it runs.
+RAY_IP = "127.0.0.2"
+_NODE_TEMPS: list[str] = []  # the temp dirs of this module's Ray nodes (head first): their processes
 
 
 def _free_port() -> int:
@@ -62,7 +70,8 @@ def cluster():
         pytest.skip("a Ray cluster already runs on this machine; the test's `ray stop` would stop it")
     port = _free_port()
     temp = tempfile.mkdtemp(prefix="mxray", dir="/tmp")  # short: Ray's socket paths live under it
-    cmd = [str(BIN / "ray"), "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(port),
+    _NODE_TEMPS.append(temp)
+    cmd = [str(BIN / "ray"), "start", "--head", "--node-ip-address", RAY_IP, "--port", str(port),
            "--num-cpus", "2", "--object-store-memory", "500000000",
            "--resources", json.dumps({"H100": 2, "B200": 3}), "--disable-usage-stats",
            "--include-dashboard=false", "--temp-dir", temp]
@@ -73,8 +82,8 @@ def cluster():
         os.environ.update(RAY_AUTH)
         from ray._raylet import Config
         Config.initialize("")
-        ray.init(address=f"127.0.0.1:{port}", namespace="mixrl", log_to_driver=False)
-        yield f"127.0.0.1:{port}"
+        ray.init(address=f"{RAY_IP}:{port}", namespace="mixrl", log_to_driver=False)
+        yield f"{RAY_IP}:{port}"
     finally:
         if ray.is_initialized():
             ray.shutdown()
@@ -93,7 +102,8 @@ def _join_node(address: str, resources: dict) -> tuple[subprocess.Popen, str]:
     picks its own); the workers get a port range apart from the head's (10002-19999), so that the
     two raylets never hand out the same one."""
     temp = tempfile.mkdtemp(prefix="mxnode", dir="/tmp")
-    cmd = [str(BIN / "ray"), "start", "--address", address, "--node-ip-address", "127.0.0.1",
+    _NODE_TEMPS.append(temp)
+    cmd = [str(BIN / "ray"), "start", "--address", address, "--node-ip-address", RAY_IP,
            "--num-cpus", "1", "--object-store-memory", "100000000", "--resources", json.dumps(resources),
            "--min-worker-port", "20002", "--max-worker-port", "20999", "--disable-usage-stats",
            "--temp-dir", temp]
@@ -196,8 +206,16 @@ def _ours(address: str) -> list[psutil.Process]:
     return out
 
 
-def test_fleet_on_a_local_ray_cluster(cluster, tmp_path):
+def _ray_processes() -> list[int]:
+    """Every process of this module's Ray nodes (daemons are nobody's child: the loopback watch
+    of tests/conftest.py would not find them under this process)."""
+    return [p.pid for temp in _NODE_TEMPS for p in _node_procs(temp)]
+
+
+def test_fleet_on_a_local_ray_cluster(cluster, tmp_path, loopback_only):
     from convert.publish import publish
+
+    loopback_only.add(_ray_processes)
 
     tree = {
         "run": {"name": "fleet-test"},
@@ -227,7 +245,7 @@ def test_fleet_on_a_local_ray_cluster(cluster, tmp_path):
         return out
 
     def fleet_status() -> str:
-        r = _fleet("status", "--address", cluster, "--name", "fleet-test", timeout=60)
+        r = _fleet("status", "--address", cluster, "--name", "fleet-test", timeout=180)
         return r.stdout + r.stderr
 
     def live(group: str) -> list[str]:
@@ -332,9 +350,20 @@ def test_fleet_on_a_local_ray_cluster(cluster, tmp_path):
               lambda: "\n".join(" ".join(p.cmdline()) for p in _ours(address)))
         with pytest.raises(ValueError):
             ray.get_actor("fleet-test", namespace="mixrl")
+        # without --name, after `down`: no fleet runs (it said "no fleet named 'run'")
+        after = _fleet("status", "--address", cluster, timeout=180)
+        said = ("mixrl-fleet: no fleet is running on this cluster (namespace mixrl); "
+                "`mixrl-fleet up` starts one")
+        assert after.returncode == 1 and after.stderr.strip().splitlines()[-1:] == [said], \
+            after.stdout + after.stderr
         assert not _node_procs(nodes[0][1]), "the dead node came back"
         assert not _stop_node(nodes[1][1]), "the second A100 node does not stop"
         phases.append(("down, nothing left", time.monotonic() - t0))
+        # The watch looked at Ray's own traffic (not only this process's): the GCS, raylets and
+        # workers talked over RAY_IP, and (checked at teardown) to no peer off loopback.
+        loopback_only.sample()
+        ray_peers = {remote for _, _, remote in loopback_only.seen if str(peer_host(remote)) == RAY_IP}
+        assert len(ray_peers) >= 5 and not loopback_only.found, (ray_peers, loopback_only.found)
         print("phases (s since the first up):", ", ".join(f"{n} {t:.1f}" for n, t in phases))
     finally:
         for p in _ours(address):
