@@ -62,7 +62,8 @@ class RewardResult:
     error: str | None = None  # the exception, or "timeout after N s"
     timed_out: bool = False
     # Why it scored 0 (a short metric name: timeout, exception, memory, crashed, exited, forked,
-    # stray_output, bad_return, out_of_range, load, isolation, worker_died, protocol, too_large),
+    # stray_output, bad_return, out_of_range, load, isolation, worker_died, protocol, too_large; a
+    # built-in's own: unsupported_test, non_plain_value),
     # None when it did not fail.
     reason: str | None = None
 

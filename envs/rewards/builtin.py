@@ -26,10 +26,6 @@ BUILTINS = {"math": "envs.rewards.builtin:math_reward", "exact": "envs.rewards.b
 # so that the per-call processes it forks start with them loaded.
 WARM = {"math": ("mpmath", "envs.rewards.math_values"),
         "code": ("envs.sandbox", "envs.rewards.code_harness")}
-# Built-ins whose calls run in the worker itself, not in a process forked per call: code we wrote
-# that neither forks nor writes to descriptors, where a fork (tens of ms, and sympy's caches cold
-# in every child) would cost more than the call (``envs.rewards.worker.Supervisor.call_inline``).
-INLINE = ("math", "exact")
 _HASHES = re.compile(r"####\s*(.+)")
 _BRACES = re.compile(r"[{}]")
 _MAX_BOX_BRACES = 1 << 16

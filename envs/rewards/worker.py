@@ -65,6 +65,7 @@ from collections.abc import Callable
 from envs.rewards import DEADLINE_ENV, MAX_METRICS, MAX_REQUEST_BYTES
 from envs.rewards.builtin import BUILTINS, WARM
 from envs.rewards.call_isolation import CallJail, IsolationError
+from envs.rewards.errors import RewardError
 
 MAX_RESULT_BYTES = 64 * 1024
 MAX_KEY_CHARS = 100
@@ -200,7 +201,9 @@ def _child(fn: Callable, kwargs: dict, out: int, memory_bytes: int, supervisor: 
         except MemoryError:
             value, frame = None, _error("memory", "MemoryError: the call exceeded its memory limit")
         except BaseException as e:  # noqa: BLE001 - SystemExit from the user's code scores 0 too
-            value, frame = None, _error("exception", f"{type(e).__name__}: {e}")
+            # A built-in's refusal names its own reason (code: unsupported_test, non_plain_value).
+            reason = e.reason if isinstance(e, RewardError) else "exception"
+            value, frame = None, _error(reason, f"{type(e).__name__}: {e}")
         else:
             frame = None
         if os.getpid() != me:  # a copy the function forked returned from it
