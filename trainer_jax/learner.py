@@ -29,7 +29,7 @@ from trainer_jax.batching import PackedInputs
 from trainer_jax.config import OptimizerConfig
 from trainer_jax.models import Qwen3
 from trainer_jax.objective import Metrics, ObjectiveConfig, TokenBatch, policy_loss
-from trainer_jax.parallel import hooks
+from trainer_jax.parallel import dispatch, hooks
 from trainer_jax.parallel.context import ParallelContext
 from trainer_jax.parallel.mesh import make_mesh
 from trainer_jax.parallel.rules import ShardingRules
@@ -201,7 +201,7 @@ class Learner:
         return policy_loss(hidden, lm_head(model, hidden.dtype), batch, self.objective)
 
     def _step_fn(self, state: Any, inputs: PackedInputs, batch: TokenBatch):
-        with self.context.use():
+        with dispatch.use(self.context):
             model, optimizer = nnx.merge(self._graphdef, state)
             (loss, metrics), grads = nnx.value_and_grad(self._loss, has_aux=True)(model, inputs, batch)
             # Gradients land on the parameters' shards (a reduce-scatter, not an all-reduce).
@@ -211,7 +211,7 @@ class Learner:
             return nnx.state((model, optimizer)), loss, optax.tree.norm(grads), metrics
 
     def _eval_fn(self, state: Any, inputs: PackedInputs, batch: TokenBatch):
-        with self.context.use():
+        with dispatch.use(self.context):
             model, _ = nnx.merge(self._graphdef, state)
             return self._loss(model, inputs, batch)
 

@@ -20,6 +20,7 @@ from trainer_jax.batching import pack_sequences
 from trainer_jax.config import SFTConfig
 from trainer_jax.learner import sft_loss, sharded_optimizer
 from trainer_jax.models import Qwen3
+from trainer_jax.parallel import dispatch
 from trainer_jax.parallel.context import ParallelContext
 from trainer_jax.parallel.mesh import make_mesh
 from trainer_jax.parallel.rules import ShardingRules
@@ -48,7 +49,7 @@ def warm_start(model: Qwen3, envs: Sequence, cfg: SFTConfig, rng: np.random.Gene
 
     @nnx.jit
     def sft_step(model, optimizer, inputs, targets, mask):
-        with context.use():
+        with dispatch.use(context):
             loss, grads = nnx.value_and_grad(sft_loss)(model, inputs, targets, mask)
             optimizer.update(model, grads)
         return loss

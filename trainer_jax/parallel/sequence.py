@@ -46,6 +46,7 @@ from jax.sharding import PartitionSpec as P
 from trainer_jax.models.attention import CPU_BLOCK
 from trainer_jax.models.blocked_attention import attention_blocked_chunks
 from trainer_jax.parallel import hooks
+from trainer_jax.parallel.attention import head_layout
 from trainer_jax.parallel.context import ParallelContext, linear_axis_index
 from trainer_jax.parallel.ring import ring_attention_local
 from trainer_jax.parallel.rules import spec_axes
@@ -104,8 +105,6 @@ def context_attention(ctx: ParallelContext, q: Array, k: Array, v: Array, segmen
     device runs the blocked XLA kernel whatever ``impl`` names: the fused kernels take no query
     offset (``docs/scale_out.md``, limits).
     """
-    from trainer_jax.parallel.attention import head_layout
-
     mesh = ctx.mesh
     c_size = context_size(mesh)
     ring = ctx.context_attention == "ring"

@@ -18,7 +18,7 @@ from flax import nnx
 from convert.qwen3_config import Qwen3Config
 from trainer_jax.models import Qwen3
 from trainer_jax.models.attention import attention
-from trainer_jax.parallel import ParallelContext, ShardingRules, make_mesh
+from trainer_jax.parallel import ParallelContext, ShardingRules, dispatch, make_mesh
 from trainer_jax.parallel.attention import attention_forward, head_layout
 from trainer_jax.parallel.sharding import put_global
 
@@ -113,7 +113,7 @@ def test_the_model_reaches_sharded_attention():
     graphdef, state = nnx.split(model)
 
     def forward(state, ids, seg):
-        with ctx.use():
+        with dispatch.use(ctx):
             return nnx.merge(graphdef, state).hidden_states(ids, segment_ids=seg)
 
     jaxpr = str(jax.make_jaxpr(forward)(state, ids, seg))
