@@ -136,6 +136,32 @@ def test_learning_rate_pick_is_the_control_under_grpo_at_three_rates():
     assert {k: sorted(v) for k, v in rates.items()} == {grpo: [5e-4, 1e-3, 2e-3], sc_mis: [5e-4, 1e-3]}
 
 
+def test_decision_grid_evaluates_every_pool_through_a_clean_bf16_group():
+    """configs/ablation_decide.yaml (issue 48): 6 seeds from one warm start; every pool evaluates
+    through an eval-only bf16 group with no dial; the pools differ only in their training groups;
+    the dial pool rounds every training group's weights; the conditions are the issue's."""
+    from trainer_jax.config import load_config
+    from trainer_jax.sweep import warm_start_seeds
+
+    spec = load_sweep(ROOT / "configs" / "ablation_decide.yaml")
+    assert len(spec.seeds) >= 6 and warm_start_seeds(spec) == [0]
+    assert list(spec.conditions)[:3] == ["grpo", "sc_mis", "geo_mask"]
+    rest = {}
+    for pool in ("homogeneous", "mixed", "dial"):
+        cfg = load_config(spec.pools[pool], [*spec.overrides, *spec.pool_overrides[pool]])
+        (ev,) = [g for g in cfg.groups if g.eval_only]
+        assert cfg.eval_group == ev.name and ev.recipe == "bf16" and ev.round_weights is None
+        assert not ev.logit_noise and ev.kv_cache_dtype in (None, "bf16")
+        training = [g for g in cfg.groups if not g.eval_only]
+        assert len(training) == 4
+        if pool == "dial":
+            assert {(g.recipe, g.round_weights.bits) for g in training} == {("bf16", 2)}
+        dump = cfg.model_dump()
+        dump.pop("groups"), dump.pop("run")
+        rest[pool] = dump
+    assert rest["homogeneous"] == rest["mixed"] == rest["dial"]
+
+
 def test_failed_cell_is_recorded_not_fatal(tmp_path):
     # A long directory name: the error must still be one line naming the file (not wrapped).
     cell = Cell("mixed", "grpo", 0, tmp_path / ("d" * 90) / "missing.yaml", ("run.steps=1",),
