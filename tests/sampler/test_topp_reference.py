@@ -39,7 +39,8 @@ def kept_reference(q: list[float], top_p: float, top_k: int, temperature: float)
     for rank, i in enumerate(order):
         running += q[i]
         before = running - q[i]  # the mass before this rank, as SGLang's probs_sum - probs_sort
-        if rank > 0 and ((top_k and rank >= top_k) or before > top_p):
+        # top_p 1 is off (the mass before a token can round past 1.0: it must not cut there)
+        if rank > 0 and ((top_k and rank >= top_k) or (top_p < 1 and before > top_p)):
             break
         kept.append(i)
     return kept
@@ -157,9 +158,10 @@ def _batch(draw):
     return rows
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(_batch(), st.integers(0, 10_000))
 @example([([math.log(0.5), math.log(0.3), math.log(0.2)], 1.0, 0.6, 0)], 0)
 @example([([1.0, 1.0, 1.0, 1.0], 1.0, 0.6, 2), ([0.0, 3.0, 1.0, 2.0], 1.0, 1.0, 0)], 1)
+@example([([2.0, 6.0, -3.0], 0.5, 1.0, 0)], 0)
 def test_the_kept_set_is_the_sorted_list_rule_on_generated_batches(rows, seed):
     _check(rows, seed)
