@@ -268,13 +268,12 @@ def run_module(name: str, *, workdir: Path, results: Path, sample: int | None, s
         path = clone / m.file
         original = path.read_text()
         mutated = m.apply(original)
-        path.write_text(mutated)
         t0 = time.monotonic()
         try:
             outcome = "survived"
-            for i in range(len(stages)):
-                path.write_text(original)  # the baseline runs unmutated
-                stage, limit = stage_command(i)
+            for k in range(len(stages)):
+                path.write_text(original)
+                stage, limit = stage_command(k)  # its baseline, on the unmutated file, the first time
                 path.write_text(mutated)
                 proc = subprocess.run(["nice", "-n", "19", *shlex.split(stage)], cwd=clone,
                                       env=base.test_env(clone), capture_output=True, text=True, timeout=limit)
