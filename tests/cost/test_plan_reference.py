@@ -150,3 +150,22 @@ def test_make_plan_is_brute_force_with_min_max_and_limits(fleet, limit):
     for n in groups:
         assert mins.get(n, 0) <= plan.counts[n] <= maxs.get(n, math.inf)
         assert n in clean or plan.counts[n] == 0
+
+
+def test_k3_growth_is_the_last_third_over_the_first_third(tmp_path):
+    """``max_k3_growth`` judges the group's mean k3 over the run's last third against its first
+    third (read from metrics.jsonl): 7 steps, thirds of 2 steps. A first third one step short
+    (``steps[:third - 1]``) passed every test (mutate_human, plan.py)."""
+    import json
+
+    from trainer_jax.plan import read_run
+
+    k3 = [0.01, 0.03, 0.02, 0.04, 0.05, 0.06, 0.09]
+    rows = [{"step": s + 1, "samples_trained": 10.0, "group/a/sample_share": 1.0, "group/a/tokens": 100.0,
+             "group/a/tokens_per_s": 50.0, "group/a/k3": v, "group/a/out_of_range": 0.0,
+             "group/a/dropped": 0.0, "group/a/staleness": 1.0} for s, v in enumerate(k3)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    m = read_run(tmp_path)["a"]
+    third = len(k3) // 3
+    want = (sum(k3[-third:]) / third) / (sum(k3[:third]) / third)
+    assert m.k3_growth == pytest.approx(want) and want == pytest.approx(0.075 / 0.02)
