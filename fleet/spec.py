@@ -69,6 +69,8 @@ def sampler_args(g: SamplerGroupConfig, episode_tokens: int) -> tuple[str, ...]:
     for key in ("attention", "kv_cache_dtype", "logit_noise"):
         if getattr(g, key) is not None:
             args += ["--recipe-override", f"{key}={getattr(g, key)}"]
+    if g.round_weights is not None:
+        args += ["--recipe-override", f"round_weights={g.round_weights.bits}/{g.round_weights.block_size}"]
     return tuple(args)
 
 

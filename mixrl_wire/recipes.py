@@ -71,6 +71,21 @@ class RecipeError(ValueError):
     """An unknown recipe, an inconsistent one, or an export that does not fit the recipe."""
 
 
+def parse_round_weights(name: str, value) -> tuple[int, int] | None:
+    """``round_weights`` as (bits, block_size): from None / "" (off), "K/B" text or a pair."""
+    if value is None or value == "":
+        return None
+    parts = value.split("/") if isinstance(value, str) else list(value)
+    try:
+        bits, block = (int(p) for p in parts)
+    except (TypeError, ValueError):
+        raise RecipeError(f"recipe {name!r}: round_weights={value!r} is not BITS/BLOCK_SIZE") from None
+    if not 2 <= bits <= 8 or block <= 0:
+        raise RecipeError(f"recipe {name!r}: round_weights needs bits in 2..8 and block_size > 0, "
+                          f"got {bits}/{block}")
+    return bits, block
+
+
 @dataclasses.dataclass(frozen=True)
 class Recipe:
     name: str
@@ -81,6 +96,9 @@ class Recipe:
     compute_dtype: str = "bfloat16"
     kernel: str = "auto"
     logit_noise: float = 0.0  # sigma of the Gaussian logit perturbation (the mismatch dial)
+    # The quantization-shaped dial: (bits, block_size) or None (off); "K/B" text from
+    # ``--recipe-override round_weights=4/32`` (sampler_torch.recipes.rounding does the rounding).
+    round_weights: tuple[int, int] | None = None
 
     def __post_init__(self):
         try:  # ``--recipe-override logit_noise=0.1`` arrives as text
@@ -92,6 +110,7 @@ class Recipe:
             raise RecipeError(f"recipe {self.name!r}: logit_noise must be a finite sigma >= 0, "
                               f"got {self.logit_noise!r}")
         object.__setattr__(self, "logit_noise", sigma)
+        object.__setattr__(self, "round_weights", parse_round_weights(self.name, self.round_weights))
         for field, allowed in (("weight_format", WEIGHT_FORMATS), ("activations", ACTIVATIONS),
                                ("kv_cache_dtype", KV_CACHE_DTYPES),
                                ("attention", ATTENTION_IMPLS), ("compute_dtype", COMPUTE_DTYPES),
@@ -100,6 +119,9 @@ class Recipe:
             if value not in allowed:
                 raise RecipeError(f"recipe {self.name!r}: {field}={value!r}, expected one of "
                                   f"{', '.join(allowed)}")
+        if self.round_weights is not None and self.activations != "none":
+            raise RecipeError(f"recipe {self.name!r}: round_weights needs float weights; "
+                              f"activations {self.activations!r} run on quantized parts")
         if self.activations not in _COMPATIBLE[self.weight_format]:
             raise RecipeError(f"recipe {self.name!r}: activations {self.activations!r} do not go "
                               f"with {self.weight_format!r} weights")

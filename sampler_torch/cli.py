@@ -170,7 +170,9 @@ def main(argv: list[str] | None = None) -> int:
         capacity=args.capacity, weight_formats=(recipe.weight_format,), name=name,
         recipe=dict(name=recipe.name, weight_format=recipe.weight_format,
                     activation_format=recipe.activations, kv_dtype=recipe.describe()["kv_cache_dtype"],
-                    backend=BACKENDS[args.backend], logit_noise=recipe.logit_noise),
+                    backend=BACKENDS[args.backend], logit_noise=recipe.logit_noise,
+                    round_weights=(dict(bits=recipe.round_weights[0], block_size=recipe.round_weights[1])
+                                   if recipe.round_weights else None)),
         tls=tls, device=compute, gone_after_s=args.gone_after_s or None)
     stop = threading.Event()
     loop: list = []  # the SamplerLoop once there is one, for the signal handler

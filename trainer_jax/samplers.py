@@ -38,6 +38,9 @@ def sampler_command(group: SamplerGroupConfig, index: int, *, address: str, mode
     for key in ("attention", "kv_cache_dtype", "logit_noise"):
         if getattr(group, key) is not None:
             cmd += ["--recipe-override", f"{key}={getattr(group, key)}"]
+    if group.round_weights is not None:
+        cmd += ["--recipe-override",
+                f"round_weights={group.round_weights.bits}/{group.round_weights.block_size}"]
     if exit_with_parent is not None:
         cmd += ["--exit-with-parent", str(exit_with_parent)]
     return cmd

@@ -36,6 +36,9 @@ def open_backend(kind: str, model_dir: str | os.PathLike, recipe: Recipe, *,
         raise ValueError(f"unknown backend {kind!r}; known: {', '.join(BACKENDS)}")
     if recipe.logit_noise and kind != "engine":  # the dial lives in the engine's sampling step
         raise ValueError(f"logit_noise={recipe.logit_noise} needs --backend engine, not {kind}")
+    if recipe.round_weights and kind != "engine":  # the engine's loader rounds the weights
+        raise ValueError(f"round_weights={recipe.round_weights[0]}/{recipe.round_weights[1]} needs "
+                         f"--backend engine, not {kind}")
     if kind == "engine":
         if server_url:
             raise ValueError("--server-url is for the sglang and vllm backends, not the engine")

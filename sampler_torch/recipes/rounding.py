@@ -77,17 +77,12 @@ def round_blockwise(weight: torch.Tensor, spec: RoundWeights) -> torch.Tensor:
     return rounded.view(out_f, blocks * b)[:, :in_f].to(weight.dtype)
 
 
-@dataclasses.dataclass(frozen=True)
-class _DialRecipe(Recipe):
-    round_weights: RoundWeights | None = None
-
-
 def with_round_weights(recipe: Recipe, spec: RoundWeights) -> Recipe:
     """``recipe`` carrying ``round_weights`` (``load_model`` reads it off the recipe), for an
-    ``Engine(path, recipe)`` that rounds at every load and reload -- until
-    ``mixrl_wire.recipes.Recipe`` itself has the field, which makes this a plain ``replace``."""
+    ``Engine(path, recipe)`` that rounds at every load and reload (what ``--recipe-override
+    round_weights=K/B`` gives a spawned sampler)."""
     check_recipe(recipe)
-    return _DialRecipe(**dataclasses.asdict(recipe), round_weights=spec)
+    return dataclasses.replace(recipe, round_weights=(spec.bits, spec.block_size))
 
 
 def check_recipe(recipe: Recipe) -> None:

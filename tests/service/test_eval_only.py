@@ -64,15 +64,27 @@ def test_eval_only_config_loads_and_eval_group_must_name_a_group():
     assert [g.eval_only for g in cfg.groups] == [False, True] and cfg.eval_group == "clean"
     with pytest.raises(Exception, match=r"train.eval_group 'nope' is not a group"):
         load_config(None, [GROUPS, "train.eval_group=nope"])
+    assert load_config(None, [GROUPS]).eval_group == "clean"  # the eval-only group is the default
+    with pytest.raises(Exception, match=r"'clean' is eval_only but train.eval_group is 'train'"):
+        load_config(None, [GROUPS, "train.eval_group=train"])
+    with pytest.raises(Exception, match=r"'clean' is eval_only but no evaluation is configured"):
+        load_config(None, [GROUPS, "train.eval_tasks=0"])
+    with pytest.raises(Exception, match=r"every group is eval_only"):
+        load_config(None, ["groups=[{name: clean, recipe: bf16, eval_only: true}]"])
+
+
+def test_the_default_evaluation_group_is_a_bf16_group_without_a_dial():
+    dialed = ("groups=[{name: r2, recipe: bf16, round_weights: {bits: 2, block_size: 32}}, "
+              "{name: noisy, recipe: bf16, logit_noise: 1.0}, {name: fp8, recipe: fp8}, "
+              "{name: plain, recipe: bf16}]")
+    assert load_config(None, [dialed]).eval_group == "plain"
 
 
 @pytest.fixture
 def svc():
     cfg = load_config(None, BASE)
     service = RolloutService.from_config(cfg, token=TOKEN).start()
-    # What RolloutService.from_config is to do with the config (see the report of issue 48 item 3).
-    service.router.configure(cfg.group_prices(), cfg.train.max_staleness,
-                             eval_only=[g.name for g in cfg.groups if g.eval_only])
+    assert service.router.is_eval_only("clean")  # from_config tells the router
     yield service
     service.stop(grace=0)
 
@@ -82,8 +94,6 @@ def _client(svc, group) -> RolloutClient:
                          backoff=Backoff(initial_s=0.01, max_s=0.1), max_retry_s=3.0)
 
 
-@pytest.mark.xfail(strict=True, reason="needs the scheduler's eval-only guard in Scheduler.lease "
-                   "(trainer_jax/service/scheduler.py, not this task's file; issue 48 item 3)")
 def test_an_eval_only_group_leases_only_evaluation_tasks(svc):
     train, clean = _client(svc, "train"), _client(svc, "clean")
     clean.register()

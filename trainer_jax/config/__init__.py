@@ -110,6 +110,21 @@ class RunConfig(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _eval_only_groups(self) -> RunConfig:
+        only = [g.name for g in self.groups if g.eval_only]
+        if not only:
+            return self
+        if self.train.eval_tasks == 0:
+            raise ValueError(f"groups: {only[0]!r} is eval_only but no evaluation is configured "
+                             "(train.eval_tasks: 0)")
+        if len(only) == len(self.groups):
+            raise ValueError("groups: every group is eval_only; at least one must lease training tasks")
+        if self.train.eval_group is not None and self.train.eval_group not in only:
+            raise ValueError(f"groups: {only[0]!r} is eval_only but train.eval_group is "
+                             f"{self.train.eval_group!r}: it would lease nothing")
+        return self
+
+    @model_validator(mode="after")
     def _spawned_samplers_capped(self) -> RunConfig:
         spawned = {g.name: g.processes for g in self.groups if g.spawn and g.processes}
         total, cap = sum(spawned.values()), self.train.max_spawned_samplers
@@ -174,8 +189,13 @@ class RunConfig(_Strict):
         """The group that runs evaluations (see ``TrainConfig.eval_group``); None without groups."""
         if self.train.eval_group is not None:
             return self.train.eval_group
-        bf16 = [g.name for g in self.groups if g.weight_format == "bf16"]
-        return (bf16 or [g.name for g in self.groups] or [None])[0]
+        only = [g.name for g in self.groups if g.eval_only]
+        if only:  # a group that leases nothing but evaluation is there to run it
+            return only[0]
+        bf16 = [g for g in self.groups if g.weight_format == "bf16"]
+        # A bf16 group without a mismatch dial measures the policy itself (up to bf16 rounding).
+        clean = [g.name for g in bf16 if g.round_weights is None and not g.logit_noise]
+        return (clean or [g.name for g in bf16] or [g.name for g in self.groups] or [None])[0]
 
     def weight_formats(self) -> list[str]:
         """Formats published with every version: bf16 (the lingua franca) and each group's."""

@@ -93,6 +93,9 @@ class Scheduler:
                            f"unknown format(s) {unknown}; known: {', '.join(WEIGHT_FORMATS)}")
         recipe = {f: getattr(req.recipe, f) for f in ("name", "weight_format", "activation_format",
                                                        "kv_dtype", "backend", "logit_noise")}
+        if req.recipe.HasField("round_weights"):
+            recipe["round_weights"] = {"bits": req.recipe.round_weights.bits,
+                                       "block_size": req.recipe.round_weights.block_size}
         device = ({"type": req.device.type, "name": req.device.name,
                    "capability": req.device.capability, "kernels": dict(req.device.kernels)}
                   if req.HasField("device") else {})
@@ -189,6 +192,12 @@ class Scheduler:
             now, now_unix = self.clock(), time.time()
             tasks = self._lease_evaluations(s, session_room, now, now_unix)
             room -= sum(len(t.sample_indices) for t in tasks)
+            if self.router.is_eval_only(s.group):
+                # An evaluation-only group (groups[].eval_only) never leases training tasks.
+                if tasks:
+                    return pb.LeaseResponse(tasks=tasks)
+                return pb.LeaseResponse(retry_after_ms=_RETRY_MS_BUSY, reason=f"group {s.group!r} is "
+                                        "evaluation-only: no evaluation task for it now")
             while self.pending:
                 task_id, indices = self.pending[0]
                 size = len(indices)

@@ -453,7 +453,8 @@ class RolloutService:
                              "task source has no tokenizer); set it")
         svc = cls(cfg.service, source, token=token, vocab_size=vocab, listen=listen)
         svc.scheduler.max_support = cfg.train.support_k  # a larger kept set is refused, counted
-        svc.router.configure(cfg.group_prices(), cfg.train.max_staleness)  # policy cost's inputs
+        svc.router.configure(cfg.group_prices(), cfg.train.max_staleness,  # policy cost's inputs
+                             eval_only=[g.name for g in cfg.groups if g.eval_only])
         svc.accelerators = {g.name: g.accelerator for g in cfg.groups}  # checked at registration
         svc.partial_rollouts = cfg.train.partial_rollouts
         # The trainer's probe records (log p, never published): what `serve` judges reports with.
