@@ -169,3 +169,32 @@ def test_k3_growth_is_the_last_third_over_the_first_third(tmp_path):
     third = len(k3) // 3
     want = (sum(k3[-third:]) / third) / (sum(k3[:third]) / third)
     assert m.k3_growth == pytest.approx(want) and want == pytest.approx(0.075 / 0.02)
+
+
+def test_plan_inputs_at_their_edges(tmp_path, capsys):
+    """Survivors of the human-style mutants of plan.py, each an input a user can give: a summary
+    recording 0 processes (not a replica count: the group stays at the assumed 1), a config with
+    no groups: list, a plan listing two groups twice (the first by name is named), ``--help``."""
+    import json
+
+    from trainer_jax.plan import PlanError, _from_summary, plan_main, plan_overrides, read_plan
+
+    (tmp_path / "summary.json").write_text(json.dumps({"cost": {"groups": {
+        "a": {"accelerator": "L4", "price_per_hour": 1.0, "processes": 0},
+        "b": {"accelerator": "H100", "price_per_hour": 3.0, "processes": 2}}}}))
+    groups = {"a": _group("a", 1.0, 1.0), "b": _group("b", 1.0, 1.0)}
+    _from_summary(groups, tmp_path)
+    assert (groups["a"].replicas, groups["a"].replicas_from) == (1.0, "assumed 1")
+    assert (groups["b"].replicas, groups["b"].replicas_from) == (2.0, "summary.json")
+    plan = tmp_path / "plan.yaml"
+    row = "- {{name: {}, processes: 1, accelerator: L4, price_per_hour: 1.0}}\n"
+    plan.write_text("groups:\n" + "".join(row.format(n) for n in ("b", "a", "b", "a")))
+    with pytest.raises(PlanError, match="group 'a' is listed twice"):
+        read_plan(plan)
+    for text in ("model: {}\n", "groups: []\n"):
+        (tmp_path / "c.yaml").write_text(text)
+        with pytest.raises(PlanError, match="no groups: list to apply --plan"):
+            plan_overrides(tmp_path / "c.yaml", plan)
+    with pytest.raises(SystemExit):
+        plan_main(["--help"])
+    assert capsys.readouterr().out.startswith("usage: mixrl-train plan ")
