@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from trainer_jax.config.base import Strict as _Strict
 from trainer_jax.config.base import one_of
+from trainer_jax.config.objective_names import AGGREGATIONS, CENTERING_REFUSED, IS_MODES
 
 
 class ModelConfig(_Strict):
@@ -116,19 +117,12 @@ class ObjectiveConfig(BaseModel):
     @field_validator("is_mode")
     @classmethod
     def _known_mode(cls, v: str) -> str:
-        from trainer_jax.objective.weights import CENTERING_REFUSED, IMPORTANCE_WEIGHTS, SCORE_CENTERING
-
-        one_of(v, IMPORTANCE_WEIGHTS.names(), "importance-weight mode")
-        if v not in SCORE_CENTERING and v not in CENTERING_REFUSED:
-            raise ValueError(f"is_mode {v!r} has no registered score-centering variant")
-        return v
+        return one_of(v, IS_MODES, "importance-weight mode")
 
     @field_validator("aggregation")
     @classmethod
     def _known_aggregation(cls, v: str) -> str:
-        from trainer_jax.objective.aggregation import AGGREGATIONS
-
-        return one_of(v, AGGREGATIONS.names(), "aggregation")
+        return one_of(v, AGGREGATIONS, "aggregation")
 
     @field_validator("impl")
     @classmethod
@@ -165,8 +159,6 @@ class ObjectiveConfig(BaseModel):
             # G_s = 1 (an on-policy sample) must be kept by geo_mask.
             raise ValueError(f"need geo_min < 1 < geo_max, got [{self.geo_min}, {self.geo_max}]")
         if self.score_centering:
-            from trainer_jax.objective.weights import CENTERING_REFUSED
-
             if self.is_mode in CENTERING_REFUSED:
                 raise ValueError(
                     f"score_centering with is_mode {self.is_mode!r} is refused: "

@@ -6,6 +6,7 @@ Registries (one small function per variant): ``IMPORTANCE_WEIGHTS``, ``SCORE_CEN
 ``ADVANTAGE_ESTIMATORS``, ``AGGREGATIONS``.
 """
 
+from trainer_jax.config.objective_names import CENTERING_REFUSED, SEQUENCE_MODES
 from trainer_jax.objective.advantages import ADVANTAGE_ESTIMATORS, compute_advantages
 from trainer_jax.objective.aggregation import AGGREGATIONS
 from trainer_jax.objective.batch import TokenBatch
@@ -14,10 +15,8 @@ from trainer_jax.objective.loss import TokenTerms, policy_loss, token_terms
 from trainer_jax.objective.metrics import Metric, Metrics, reduce_metrics, sum_metrics
 from trainer_jax.objective.registry import Registry
 from trainer_jax.objective.weights import (
-    CENTERING_REFUSED,
     IMPORTANCE_WEIGHTS,
     SCORE_CENTERING,
-    SEQUENCE_MODES,
     Ratios,
     TokenWeights,
 )

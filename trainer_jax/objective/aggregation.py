@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Protocol
 import jax
 import jax.numpy as jnp
 
+from trainer_jax.config.objective_names import AGGREGATIONS as AGGREGATION_NAMES
+from trainer_jax.config.objective_names import check_registry
 from trainer_jax.objective.registry import Registry
 
 if TYPE_CHECKING:
@@ -51,3 +53,6 @@ def seq_mean_token_mean(per_token: Array, mask: Array, seq_ids: Array, config: O
 def constant(per_token: Array, mask: Array, seq_ids: Array, config: ObjectiveConfig) -> Array:
     """L = sum_t m_t l_t / constant_normalizer."""
     return jnp.sum(per_token * mask) / config.constant_normalizer
+
+
+check_registry(AGGREGATIONS.kind, AGGREGATIONS.names(), AGGREGATION_NAMES)

@@ -36,13 +36,14 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from trainer_jax.config.objective_names import SEQUENCE_MODES
 from trainer_jax.kernels.linear_logsumexp.names import resolve_impl
 from trainer_jax.objective.aggregation import AGGREGATIONS
 from trainer_jax.objective.batch import TokenBatch
 from trainer_jax.objective.config import ObjectiveConfig
 from trainer_jax.objective.logits import default_block_size, lse_and_logits_at
 from trainer_jax.objective.metrics import Metric, Metrics, sequence_metrics, token_metrics
-from trainer_jax.objective.weights import IMPORTANCE_WEIGHTS, SCORE_CENTERING, SEQUENCE_MODES, Ratios
+from trainer_jax.objective.weights import IMPORTANCE_WEIGHTS, SCORE_CENTERING, Ratios
 from trainer_jax.parallel import hooks
 
 Array = jax.Array

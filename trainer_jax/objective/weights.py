@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, NamedTuple, Protocol
 import jax
 import jax.numpy as jnp
 
+from trainer_jax.config.objective_names import CENTERED_MODES, IS_MODES, check_registry
 from trainer_jax.objective.registry import Registry
 
 if TYPE_CHECKING:
@@ -76,23 +77,12 @@ class CenteringFn(Protocol):
 IMPORTANCE_WEIGHTS: Registry[WeightFn] = Registry("importance-weight mode")
 SCORE_CENTERING: Registry[CenteringFn] = Registry("score-centering variant")
 
-# Modes whose token weight depends on the other tokens of the sample: E_{x~b}[w(x) grad log p(x)]
-# at t needs the weight of every alternative x_t, i.e. R_s with x_t swapped in *and the
-# continuation it would have produced*, which the record never holds; the per-token head + rho
-# tail model has nothing to write it with. (Plain untruncated IS needs no centering at all,
-# E_b[r grad log p] = E_p[grad log p] = 0; it is the cap / mask applied to the product that breaks.)
-CENTERING_REFUSED: dict[str, str] = {
-    "seq_tis": "min(R_s, c_max) caps the product over the whole sample, so the weight of an "
-    "alternative token depends on the continuation it would have produced, which no record holds; "
-    "the per-token head + rho tail model cannot centre it",
-    "seq_mis": "the mask 1[c_min <= R_s <= c_max] acts on the product over the whole sample, so "
-    "the weight of an alternative token depends on the continuation it would have produced, which "
-    "no record holds; the per-token head + rho tail model cannot centre it",
-}
-
-# The modes whose weight is shared by a sample's tokens (their metrics count masked samples and
-# they need in-range sequence ids).
-SEQUENCE_MODES = frozenset({"seq_tis", "seq_mis", "geo_mask"})
+# CENTERING_REFUSED (config.objective_names) lists the modes whose token weight depends on the other
+# tokens of the sample: E_{x~b}[w(x) grad log p(x)] at t needs the weight of every alternative x_t,
+# i.e. R_s with x_t swapped in *and the continuation it would have produced*, which the record
+# never holds; the per-token head + rho tail model has nothing to write it with. (Plain untruncated
+# IS needs no centering at all, E_b[r grad log p] = E_p[grad log p] = 0; it is the cap / mask
+# applied to the product that breaks.)
 
 
 def _in_range(r: Array, c_min: float, c_max: float) -> Array:
@@ -209,3 +199,7 @@ def centering_mis(p: Array, b: Array, r: Array, rho: Array, c_min: float, c_max:
 def centering_geo_mask(p: Array, b: Array, r: Array, rho: Array, c_min: float, c_max: float) -> Array:
     """coef = MIS's (the kept samples' token weights are MIS's; the mask multiplies C_t via keep)."""
     return centering_mis(p, b, r, rho, c_min, c_max)
+
+
+check_registry(IMPORTANCE_WEIGHTS.kind, IMPORTANCE_WEIGHTS.names(), IS_MODES)
+check_registry(SCORE_CENTERING.kind, SCORE_CENTERING.names(), CENTERED_MODES)
