@@ -197,4 +197,6 @@ def test_plan_inputs_at_their_edges(tmp_path, capsys):
             plan_overrides(tmp_path / "c.yaml", plan)
     with pytest.raises(SystemExit):
         plan_main(["--help"])
-    assert capsys.readouterr().out.startswith("usage: mixrl-train plan ")
+    usage = capsys.readouterr().out
+    assert usage.startswith("usage: mixrl-train plan ")
+    assert "[--min GROUP=N]" in usage and "[--max GROUP=N]" in usage
