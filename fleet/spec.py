@@ -109,10 +109,14 @@ def read_token(token_file: str | None, env: dict | None = None) -> str:
     import os
 
     env = os.environ if env is None else env
-    try:
-        token = Path(token_file).read_text().strip() if token_file else env.get("MIXRL_TOKEN", "").strip()
-    except OSError as e:
-        raise FleetError(f"--token-file {token_file}: {e.strerror}") from None
+    from mixrl_wire.token_file import TokenFileError, read_token_text
+
+    try:  # bounded and never blocking (mixrl_wire.token_file)
+        token = read_token_text(token_file) if token_file else env.get("MIXRL_TOKEN", "").strip()
+    except TokenFileError as e:
+        raise FleetError(f"--token-file: {e}") from None
+    if token is None:
+        raise FleetError(f"--token-file {token_file}: No such file or directory")
     if not token:
         raise FleetError("no bearer token: set MIXRL_TOKEN or pass --token-file")
     return token

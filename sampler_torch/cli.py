@@ -121,16 +121,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mixrl-sample: {e}", file=sys.stderr)
         return 2
 
+    from mixrl_wire.token_file import TokenFileError, read_token_text
     from sampler_torch.client import ConnectTimeout, RolloutClient, RolloutError, TLSOptions, TrainerGone
 
-    try:
+    try:  # bounded and never blocking: /dev/zero or a FIFO named as the token file is one line
         if args.token_file:
-            with open(args.token_file) as f:
-                token = f.read().strip()
+            token = read_token_text(args.token_file)
+            if token is None:
+                raise TokenFileError(f"token file {args.token_file}: No such file or directory")
         else:
             token = os.environ.get("MIXRL_TOKEN", "").strip()
-    except OSError as e:
-        print(f"mixrl-sample: token file {args.token_file}: {e.strerror}", file=sys.stderr)
+    except TokenFileError as e:
+        print(f"mixrl-sample: {e}", file=sys.stderr)
         return 2
     if not token:
         print("mixrl-sample: no bearer token: set MIXRL_TOKEN or pass --token-file", file=sys.stderr)

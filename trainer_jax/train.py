@@ -38,7 +38,7 @@ from trainer_jax.checkpoint import Checkpointer
 from trainer_jax.config import ConfigError, RunConfig
 from trainer_jax.console_log import console_logging
 from trainer_jax.cost import TrainerCost, ledger_from_checkpoint, status_text
-from trainer_jax.diagnostics import CollapseAlarms, MetricsSink, alarm_settle_steps, plot_run
+from trainer_jax.diagnostics import AdvantageAlarm, CollapseAlarms, MetricsSink, alarm_settle_steps, plot_run
 from trainer_jax.episode_log import EpisodeLog, episode_metrics
 from trainer_jax.evaluation import FleetEvaluator
 from trainer_jax.faults import during, fault_point
@@ -171,6 +171,7 @@ class Trainer:
             self.console.print(f"[yellow]warning:[/yellow] {warning}", highlight=False)
         self.cost = TrainerCost(prices, accelerators, ledger=ledger)
         self.alarms = CollapseAlarms(settle_steps=alarm_settle_steps(cfg.optimizer.warmup_steps))
+        self.advantage_alarm = AdvantageAlarm()  # groups whose float32 advantages are not finite
         self._probe_alarms_seen = 0  # probe reports above their bound already printed
         self.source = build_task_source(cfg.tasks, tokenizer=self.tokenizer)
         self.source.cursor = int(self.meta["task_cursor"])
@@ -249,6 +250,7 @@ class Trainer:
         cfg = self.cfg
         rewards = np.asarray([[t.reward or 0.0 for t in g.trajectories] for g in groups], np.float32)
         adv = np.asarray(compute_advantages(jnp.asarray(rewards), cfg.train.advantage))
+        self._adv_values, self._adv_alarms = self.advantage_alarm.check(groups, adv)
         # Samples that did not fit the previous batch go first (their advantages were computed
         # with their own prompt group); at most one batch of them is carried, the rest dropped.
         samples, sample_adv = [s for s, _ in self.carry], [a for _, a in self.carry]
@@ -436,6 +438,7 @@ class Trainer:
                 step = self.meta["step"]
                 values = self._step_metrics(groups, samples, taken, rewards, result, t1 - t0, t2 - t1)
                 values.update(self.source.metrics(groups))
+                values.update(self._adv_values)
                 values.update(episode_metrics(groups, self.meta["version"]))
                 self.episode_log.write(step, groups, self.meta["version"])
                 values["samplers/restarts"] = self.samplers.restarts
@@ -459,6 +462,8 @@ class Trainer:
                 for line in self.service.probes.alarms[self._probe_alarms_seen:]:
                     progress.print(f"[red]alarm[/red] step {step}: {line}")
                 self._probe_alarms_seen = len(self.service.probes.alarms)
+                for line in self._adv_alarms:
+                    progress.print(f"[red]alarm[/red] step {step}: {line}")
                 for alarm in self.alarms.transitions(alarms):
                     progress.print(f"[red]alarm[/red] step {step}: {alarm}")
                 values["alarms"] = len(alarms)

@@ -141,3 +141,23 @@ def test_a_fifo_with_a_writer_is_still_refused_unread(tmp_path):
         except OSError:
             pass
         writer.wait(10)
+
+
+def test_sampler_and_fleet_read_the_token_file_with_the_same_bound(tmp_path):
+    """mixrl-sample --token-file and mixrl-fleet's token (fleet.spec.read_token) refuse the same
+    bombs in one line, never reading /dev/zero or waiting on a FIFO."""
+    from fleet.spec import FleetError, read_token
+
+    bombs = _bombs(tmp_path)
+    for name, (path, what) in bombs.items():
+        with pytest.raises(FleetError, match="token") as e:
+            read_token(str(path), env={})
+        assert what in str(e.value), name
+    with pytest.raises(FleetError, match="No such file"):
+        read_token(str(tmp_path / "missing"), env={"MIXRL_TOKEN": "from-env"})
+    proc = subprocess.run([BIN / "mixrl-sample", "--trainer", "127.0.0.1:9", "--group", "g",
+                           "--token-file", bombs["fifo"][0], "--connect-timeout-s", "1"],
+                          capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 2, proc.stderr
+    line = _one_error_line(proc.stderr)
+    assert line.startswith("mixrl-sample: token file") and "is a FIFO" in line, line
