@@ -156,7 +156,7 @@ def read_text(path: str | os.PathLike, what: str, max_bytes: int = MAX_YAML_BYTE
     try:
         st = os.stat(p)
     except FileNotFoundError:
-        raise YamlError(f"{what}: cannot be read: it does not exist") from None
+        raise YamlError(f"{what}: cannot be read, {p.name} does not exist") from None
     except OSError as e:
         raise YamlError(f"{what}: cannot be read ({e.strerror})") from None
     if not stat.S_ISREG(st.st_mode):
