@@ -93,3 +93,14 @@ def _groups(draw):
 @given(_groups(), st.sampled_from([SHRINK_AT, 0.0, 0.6, 1.0]))
 def test_decide_is_the_reference_on_generated_fleets(groups, shrink_at):
     assert _pair(decide(groups, shrink_at)) == reference(groups, shrink_at)
+
+
+def test_the_receiver_is_chosen_by_useful_tokens_not_all_tokens():
+    """b accepts more tokens but keeps 60 % of them (60 useful/s), c keeps all of 80: c receives.
+    Counting every token (the useful share dropped) gave the replica to b (mutate_human)."""
+    groups = [GroupSignal("masked", 3, 1, 4, 1.0, tokens_per_s=100.0, useful_share=0.1),
+              GroupSignal("b", 2, 1, 4, 1.0, tokens_per_s=200.0, useful_share=0.6),
+              GroupSignal("c", 2, 1, 4, 1.0, tokens_per_s=160.0, useful_share=1.0)]
+    assert _pair(decide(groups)) == ("masked", "c") == reference(groups)
+    groups[2].useful_share = None  # unknown: taken as 1 (nothing known to be masked)
+    assert _pair(decide(groups)) == ("masked", "c")
