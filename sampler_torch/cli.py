@@ -225,11 +225,15 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 1
     except TrainerGone as e:
+        if loop:  # what it contributed before the trainer went (a finished run ends this way too)
+            _log_done(log, loop[0].stats)
         logging.disable(logging.CRITICAL)
         print(f"mixrl-sample: {e.details}; exiting", file=sys.stderr)
         return 1
     except RolloutError as e:
         if client.gone is not None:
+            if loop:
+                _log_done(log, loop[0].stats)
             logging.disable(logging.CRITICAL)
             print(f"mixrl-sample: {client.gone.details}; exiting", file=sys.stderr)
             return 1
@@ -242,10 +246,14 @@ def main(argv: list[str] | None = None) -> int:
         client.close()
         if hasattr(engine, "close"):  # stops a server we started (an attached one is left alone)
             engine.close()
+    _log_done(log, stats)
+    return 0
+
+
+def _log_done(log: logging.Logger, stats) -> None:
     log.info("done: %d rounds, %d accepted, %d duplicates, refused %s, weights %s, %d weight failures",
              stats.rounds, stats.accepted, stats.duplicates, dict(stats.refused), stats.weight_versions,
              stats.weight_failures)
-    return 0
 
 
 def _report_every_s() -> float:

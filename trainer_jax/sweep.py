@@ -32,8 +32,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 CELL_FILE = "cell.json"
 SWEEP_FILE = "sweep.json"
 
@@ -128,10 +126,15 @@ def _resolve(path: str, base: Path) -> Path:
 
 def load_sweep(path: str | os.PathLike) -> SweepSpec:
     """Parse and check a sweep file (names, override syntax, config paths)."""
+    from trainer_jax.config.yaml_safe import YamlError, read_yaml
+
     path = Path(path)
     if not path.exists():
         raise SweepError(f"sweep file {path} does not exist")
-    tree = yaml.safe_load(path.read_text()) or {}
+    try:  # bounded like a config: aliases, depth, size, duplicate keys
+        tree = read_yaml(path, f"sweep file {path}") or {}
+    except YamlError as e:
+        raise SweepError(str(e)) from None
     if not isinstance(tree, dict):
         raise SweepError(f"{path}: top level must be a mapping")
     unknown = set(tree) - {

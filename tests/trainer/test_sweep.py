@@ -381,3 +381,20 @@ def test_quick_sweep_end_to_end(tmp_path):
     drift = json.loads((out / "mixed" / "grpo" / "seed0" / "drift.json").read_text())
     # SC removes the drift term: the SC gradient differs from the uncorrected one by exactly it.
     assert drift["batch"]["drift"] > 0
+
+
+def test_a_sweep_file_is_read_with_the_configs_bounds(tmp_path):
+    """An alias bomb or a duplicate key in a sweep file is one SweepError line, like a config's."""
+    from trainer_jax.sweep import SweepError
+
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text("a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"{c}: &{c} [*{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}]\n"
+        for p, c in zip("abcdefgh", "bcdefghi", strict=True)) + "pools: *i\n")
+    with pytest.raises(SweepError, match="alias"):
+        load_sweep(bomb)
+    dup = tmp_path / "dup.yaml"
+    dup.write_text(f"pools: {{mixed: {ROOT / 'configs/local_mixed.yaml'}}}\nconditions: {{x: []}}\n"
+                   "seeds: [0]\nseeds: [1]\n")
+    with pytest.raises(SweepError, match="seeds"):
+        load_sweep(dup)
