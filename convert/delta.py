@@ -54,7 +54,8 @@ from convert.formats.numerics import parallel_map
 from convert.manifest import MANIFEST_NAME, ManifestError, check_relative, read_manifest
 from convert.store import Store, version_dirname
 
-__all__ = ["DELTA_NAME", "DeltaError", "apply_chain", "apply_delta", "encode_delta", "materialize"]
+__all__ = ["DELTA_NAME", "DeltaError", "apply_chain", "apply_delta", "delta_hint", "encode_delta",
+           "materialize"]
 
 DELTA_NAME = "delta.json"
 DELTA_VERSION = 2
@@ -385,3 +386,27 @@ def _materialize(source: ChainSource, version: int, fmt: str, out: Path,
         return how
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def delta_hint(model_dir: str | os.PathLike) -> str | None:
+    """What to do with a published delta version given where a full HF directory belongs (a
+    sampler's ``--model-dir``, ``mixrl-train serve --weights-dir``): one sentence naming
+    ``mixrl-convert materialize`` with the arguments that write it out in full; None for anything
+    else. ``model_dir`` may be the format directory (``weights/v00000003/fp8``) or the version
+    directory above it."""
+    root = Path(model_dir)
+    subdirs = sorted(p for p in root.glob("*") if p.is_dir())
+    found = [d for d in (root, *subdirs) if (d / DELTA_NAME).is_file()]
+    if not found:
+        return None
+    d = found[0]
+    try:
+        meta = json.loads((d / DELTA_NAME).read_text())
+        version, fmt, base = int(meta["version"]), str(meta["format"]), meta.get("base", "?")
+    except (OSError, ValueError, KeyError, TypeError):  # a damaged delta.json: name the command alone
+        return (f"{model_dir} is a delta version (it holds {DELTA_NAME}, not a full HF directory); "
+                "write one with mixrl-convert materialize --root ROOT --version V --format F --out DIR")
+    publish_root = d.parent.parent
+    return (f"{model_dir} is a delta version (v{version} of {fmt}, stored as changes against v{base}), "
+            f"not a full HF directory; write one with mixrl-convert materialize --root {publish_root} "
+            f"--version {version} --format {fmt} --out DIR")

@@ -269,7 +269,7 @@ def model_dir_problem(model_dir: str | None) -> str | None:
     """Why ``--model-dir`` cannot be loaded, in one phrase (None: absent, or looks loadable)."""
     if model_dir is None:
         return None
-    from sampler_torch.weights_fetch import delta_hint
+    from convert.delta import delta_hint
 
     path = os.path.expanduser(model_dir)
     if not os.path.isdir(path):

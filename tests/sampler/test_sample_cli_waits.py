@@ -160,3 +160,10 @@ def test_model_dir_missing_or_a_delta_version_is_one_line(tmp_path):
     out = tmp_path / "full"
     assert convert_main([*command.group(1).split()[1:], "--out", str(out)]) == 0
     assert (out / "config.json").is_file() and not (out / DELTA_NAME).exists()
+    # mixrl-train serve pointed at the same delta version names the same command, in one line.
+    serve = subprocess.run([BIN / "mixrl-train", "serve", "--listen", "127.0.0.1:0", "--weights-dir",
+                            str(root / "v00000001"), "--status-every", "0"], capture_output=True, text=True,
+                           timeout=300, stdin=subprocess.DEVNULL, env={**os.environ, "MIXRL_TOKEN": "t"})
+    errors = [ln for ln in serve.stderr.splitlines() if ln.strip()]
+    assert serve.returncode == 2 and len(errors) == 1, serve.stderr
+    assert "is a delta version (v1 of bf16" in errors[0] and command.group(1) in errors[0], errors[0]

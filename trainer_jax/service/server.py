@@ -487,5 +487,8 @@ def weight_dirs(weights_dir: str | Path, default_format: str) -> dict[str, Path]
         return {default_format: root}
     found = {p.parent.name: p.parent for p in sorted(root.glob("*/config.json"))}
     if not found:
-        raise FileNotFoundError(f"{root}: neither an HF directory nor a directory of per-format HF dirs")
+        from convert.delta import delta_hint
+
+        raise FileNotFoundError(delta_hint(root) or
+                                f"{root}: neither an HF directory nor a directory of per-format HF dirs")
     return found
