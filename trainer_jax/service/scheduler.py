@@ -34,11 +34,10 @@ from collections.abc import Callable
 import grpc
 
 from mixrl_wire import pb
-from mixrl_wire.recipes import WEIGHT_FORMATS
 from trainer_jax.config import ServiceConfig
 from trainer_jax.service.buffer import TrajectoryBuffer, TrajectoryGroup
 from trainer_jax.service.router import Router
-from trainer_jax.service.sessions import Duplicate, Lease, Rejected, Session, TaskState
+from trainer_jax.service.sessions import Duplicate, Lease, Rejected, Session, TaskState, registration_fields
 from trainer_jax.service.tasks import TaskSource, TaskSpec
 from trainer_jax.service.validation import TrajectoryRecord, ValidationContext
 
@@ -83,22 +82,7 @@ class Scheduler:
     # ---------------------------------------------------------------- sessions
 
     def register(self, req: pb.RegisterRequest, peer: str) -> Session:
-        if not req.group:
-            raise Rejected(grpc.StatusCode.INVALID_ARGUMENT, "group", "missing")
-        if req.capacity < 1:
-            raise Rejected(grpc.StatusCode.INVALID_ARGUMENT, "capacity", "must be >= 1")
-        unknown = [f for f in req.weight_formats if f not in WEIGHT_FORMATS]
-        if unknown:
-            raise Rejected(grpc.StatusCode.INVALID_ARGUMENT, "weight_formats",
-                           f"unknown format(s) {unknown}; known: {', '.join(WEIGHT_FORMATS)}")
-        recipe = {f: getattr(req.recipe, f) for f in ("name", "weight_format", "activation_format",
-                                                       "kv_dtype", "backend", "logit_noise")}
-        if req.recipe.HasField("round_weights"):
-            recipe["round_weights"] = {"bits": req.recipe.round_weights.bits,
-                                       "block_size": req.recipe.round_weights.block_size}
-        device = ({"type": req.device.type, "name": req.device.name,
-                   "capability": req.device.capability, "kernels": dict(req.device.kernels)}
-                  if req.HasField("device") else {})
+        recipe, device = registration_fields(req)
         with self.lock:
             s = Session(id=secrets.token_hex(16), name=req.name or peer, group=req.group, recipe=recipe,
                         accelerator=req.accelerator, capacity=int(req.capacity),

@@ -7,6 +7,7 @@ import dataclasses
 
 import grpc
 
+from mixrl_wire.recipes import WEIGHT_FORMATS
 from trainer_jax.service.tasks import TaskSpec
 from trainer_jax.service.validation import TrajectoryRecord
 
@@ -58,6 +59,28 @@ def registration_line(s: Session) -> str:
     every = " ".join(f"{r}:{k}" for r, k in sorted(kernels.items()))
     return (f"sampler {s.name} registered: group {s.group}, recipe {recipe}, host {peer_host(s.peer)}, "
             f"{describe_device(s.device, recipe)}" + (f" (matmuls here: {every})" if every else ""))
+
+
+def registration_fields(req) -> tuple[dict, dict]:
+    """A ``RegisterRequest``'s recipe and device as the session keeps them; ``Rejected`` for a
+    request without a group, with a capacity below 1, or naming an unknown weight format."""
+    if not req.group:
+        raise Rejected(grpc.StatusCode.INVALID_ARGUMENT, "group", "missing")
+    if req.capacity < 1:
+        raise Rejected(grpc.StatusCode.INVALID_ARGUMENT, "capacity", "must be >= 1")
+    unknown = [f for f in req.weight_formats if f not in WEIGHT_FORMATS]
+    if unknown:
+        raise Rejected(grpc.StatusCode.INVALID_ARGUMENT, "weight_formats",
+               f"unknown format(s) {unknown}; known: {', '.join(WEIGHT_FORMATS)}")
+    recipe = {f: getattr(req.recipe, f) for f in ("name", "weight_format", "activation_format",
+                               "kv_dtype", "backend", "logit_noise")}
+    if req.recipe.HasField("round_weights"):
+        recipe["round_weights"] = {"bits": req.recipe.round_weights.bits,
+                       "block_size": req.recipe.round_weights.block_size}
+    device = ({"type": req.device.type, "name": req.device.name,
+           "capability": req.device.capability, "kernels": dict(req.device.kernels)}
+          if req.HasField("device") else {})
+    return recipe, device
 
 
 class Duplicate(Exception):
