@@ -141,3 +141,26 @@ def test_cost_policy_is_the_reference_on_generated_fleets(groups, min_share, max
     if got:
         assert sum(got.values()) == pytest.approx(1.0)
         assert set(got) == {g for g, s in groups.items() if s.samplers > 0}
+
+
+def test_only_live_windows_count_towards_measuring_a_silent_group_at_zero():
+    """A group whose samplers all left is not silent: windows without a live sampler do not count
+    towards the five that measure it at 0 tokens/s. Counting them (``samplers >= 0``) floored a
+    group that came back after a pause (mutate_human, router.py)."""
+    from trainer_jax.service.router import Router
+
+    now = [0.0]
+    r = Router(RouterConfig(policy="throughput", interval_s=1.0, min_share=0.05), clock=lambda: now[0])
+    r.group("a").samplers, r.group("b").samplers = 0, 1
+    for _ in range(8):  # eight windows: b works, a has no live sampler
+        r.record("b", 100)
+        now[0] += 1.0
+        r.shares()
+    r.groups["a"].samplers = 1  # a's sampler is back
+    assert r.groups["a"].tokens_per_s is None  # unmeasured: counted as the mean
+    assert r.shares() == pytest.approx({"a": 0.5, "b": 0.5})
+    for _ in range(5):  # five live windows without a token: measured at 0, then on the floor
+        r.record("b", 100)
+        now[0] += 1.0
+        r.shares()
+    assert r.groups["a"].tokens_per_s == 0.0 and r.shares()["a"] == pytest.approx(0.05)
