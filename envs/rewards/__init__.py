@@ -29,16 +29,9 @@ from typing import Any
 
 from envs.rewards.builtin import BUILTINS
 from envs.rewards.call_isolation import Plan, WorkerJail, closed_paths, needed_paths, plan
+from envs.rewards.limits import DEADLINE_ENV, MAX_METRICS, MAX_REQUEST_BYTES
 
 log = logging.getLogger(__name__)
-#: At most this many metrics beside ``reward`` in one answer (``envs.rewards.worker`` enforces it).
-MAX_METRICS = 32
-#: A request line (its newline aside) of at most this many bytes reaches a worker: the pool scores
-#: a longer one 0 (``too_large``) without sending it, and a worker answers one ``too_large`` unread.
-MAX_REQUEST_BYTES = 64 * 1024**2
-#: Where a call's process finds its deadline (``time.time()`` seconds): rewards that start a
-#: sandbox fit it inside their own timeout (``envs.rewards.code_harness``).
-DEADLINE_ENV = "MIXRL_REWARD_DEADLINE"
 _ROOT = str(Path(__file__).resolve().parents[2])
 
 
@@ -382,4 +375,5 @@ class RewardPool:
             worker.close()
 
 
-__all__ = ["BUILTINS", "RewardPool", "RewardResult", "check_reward_spec"]
+__all__ = ["BUILTINS", "DEADLINE_ENV", "MAX_METRICS", "MAX_REQUEST_BYTES", "RewardPool", "RewardResult",
+           "check_reward_spec"]

@@ -246,7 +246,7 @@ os._exit(0)
 def run_tests(program: str, tests: str | list, *, wall_seconds: float = 5.0, cpu_seconds: int = 5) -> dict:
     """``{"reward": 1.0 if every test passes else 0.0, "tests_passed": fraction}`` of ``program``
     against the row's ``tests``, run in a fresh sandbox."""
-    from envs.rewards import DEADLINE_ENV
+    from envs.rewards.limits import DEADLINE_ENV
     from envs.sandbox import Sandbox, SandboxLimits
 
     imports, cases = parse_tests(tests)  # a bad row is an error before any sandbox starts

@@ -62,10 +62,10 @@ import sys
 import time
 from collections.abc import Callable
 
-from envs.rewards import DEADLINE_ENV, MAX_METRICS, MAX_REQUEST_BYTES
 from envs.rewards.builtin import BUILTINS, WARM
 from envs.rewards.call_isolation import CallJail, IsolationError
 from envs.rewards.errors import RewardError
+from envs.rewards.limits import DEADLINE_ENV, MAX_METRICS, MAX_REQUEST_BYTES
 
 MAX_RESULT_BYTES = 64 * 1024
 MAX_KEY_CHARS = 100
