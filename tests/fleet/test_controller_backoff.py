@@ -120,3 +120,59 @@ def test_waits_are_the_reference_on_generated_lifetimes(lifetimes, healthy_s):
         want = reference_delays(lifetimes, healthy_s)
         got = _replay(fleet, lifetimes)
     assert got == want, (lifetimes, got, want)
+
+
+def test_a_replica_told_to_stop_gets_60_s_before_it_is_killed(monkeypatch):
+    """A lowered target stops the newest replica in order (its sampler returns its leases) and
+    kills it only when it has stopped or 60 s after asking. Measured from the wrong time (``now``
+    for ``now - stop_asked``) it was killed at once (mutate_human, controller.py)."""
+    fleet = Fleet(monkeypatch)
+    killed = []
+    monkeypatch.setattr(ray, "kill", lambda actor, no_restart=True: killed.append(actor))
+    monkeypatch.setattr(ray, "wait", lambda refs, timeout=0: ([], refs))  # never stops by itself
+
+    class Actor:
+        stop = types.SimpleNamespace(remote=lambda *a: "stop-ref")
+
+    def start(spec, now):
+        name = f"{spec.name}-{len(fleet.starts)}"
+        fleet.starts.append(now)
+        fleet.ctrl.slots[name] = _Slot(name, spec.name, Actor(), now)
+
+    fleet.ctrl._start = start
+    assert fleet.tick(fleet.now)
+    fleet.ctrl.targets["g"] = 0
+    asked = fleet.now + 5.0
+    fleet.tick(asked)
+    assert fleet.ctrl.slots["g-0"].stopping == "stop-ref" and killed == []
+    fleet.tick(asked + 60.0)  # exactly 60 s: still waiting
+    assert "g-0" in fleet.ctrl.slots and killed == []
+    fleet.tick(asked + 60.5)
+    assert "g-0" not in fleet.ctrl.slots and len(killed) == 1
+
+
+def test_each_replacement_is_a_new_actor_under_a_new_name(monkeypatch):
+    """The controller's own ``_start`` with Ray's actor factory recorded (no cluster here): every
+    replica gets the next index of its group (a replacement reusing a name would overwrite the
+    slot of a live one), never restarted by Ray (the controller replaces it), 4 calls at once."""
+    fleet = Fleet(monkeypatch)
+    fleet.ctrl._start = Controller._start.__get__(fleet.ctrl)
+    made = []
+
+    class Factory:
+        def options(self, **kw):
+            made.append(kw)
+            return self
+
+        def remote(self, name, *a, **kw):
+            return types.SimpleNamespace(name=name, start=types.SimpleNamespace(remote=lambda: None))
+
+    monkeypatch.setattr(ray, "remote", lambda cls: Factory())
+    fleet.ctrl.targets["g"] = 2
+    fleet.ctrl._reconcile()
+    assert sorted(fleet.ctrl.slots) == ["g-0", "g-1"]
+    fleet.ctrl.slots["g-0"].dead = "the actor died: test"
+    fleet.now += 300.0  # a long-lived replica: replaced at once
+    fleet.ctrl._reconcile()
+    assert sorted(fleet.ctrl.slots) == ["g-1", "g-2"] and fleet.ctrl.slots["g-2"].actor.name == "g-2"
+    assert all(kw["max_restarts"] == 0 and kw["max_concurrency"] == 4 for kw in made) and len(made) == 3
