@@ -164,7 +164,9 @@ def test_each_replacement_is_a_new_actor_under_a_new_name(monkeypatch):
             made.append(kw)
             return self
 
-        def remote(self, name, *a, **kw):
+        def remote(self, name, group, trainer, token, args, **kw):
+            assert (group, trainer, token, kw) == ("g", "127.0.0.1:1", "tok",
+                                                   {"python": "", "transfer": "auto", "fleet": "f"})
             return types.SimpleNamespace(name=name, start=types.SimpleNamespace(remote=lambda: None))
 
     monkeypatch.setattr(ray, "remote", lambda cls: Factory())
@@ -176,3 +178,22 @@ def test_each_replacement_is_a_new_actor_under_a_new_name(monkeypatch):
     fleet.ctrl._reconcile()
     assert sorted(fleet.ctrl.slots) == ["g-1", "g-2"] and fleet.ctrl.slots["g-2"].actor.name == "g-2"
     assert all(kw["max_restarts"] == 0 and kw["max_concurrency"] == 4 for kw in made) and len(made) == 3
+
+
+def test_a_dead_actors_reason_is_one_line_of_at_most_200_characters_and_events_say_autoscale(monkeypatch):
+    from ray.exceptions import RayActorError
+
+    class Died(RayActorError):
+        def __str__(self) -> str:
+            return "x" * 300 + "\nsecond line"
+
+    fleet = Fleet(monkeypatch)
+    assert fleet.tick(fleet.now)
+    monkeypatch.setattr(ray, "wait", lambda refs, timeout=0: (refs, []))
+    monkeypatch.setattr(ray, "get", lambda ref: (_ for _ in ()).throw(Died()))
+    fleet.ctrl.slots["g-0"].actor = types.SimpleNamespace(state=types.SimpleNamespace(remote=lambda: "ref"))
+    fleet.ctrl._poll()
+    assert fleet.ctrl.slots["g-0"].dead == "the actor died: " + "x" * 200
+    auto = Controller("f", "127.0.0.1:1", "tok", [GROUP], autoscale=True, supervise=False)
+    assert auto.events[-1].endswith("targets {'g': 1} (autoscale)")
+    assert fleet.ctrl.events[0].endswith("targets {'g': 1}")
