@@ -29,6 +29,7 @@ from trainer_jax.config.service import (
     ServiceLimitsConfig,
     TLSConfig,
 )
+from trainer_jax.config.shape_checks import check_context_rows, check_kept_sets, check_wire_limits
 from trainer_jax.config.yaml_safe import YamlError, read_yaml, short
 
 
@@ -152,15 +153,11 @@ class RunConfig(_Strict):
 
     @model_validator(mode="after")
     def _kept_sets_fit(self) -> RunConfig:
-        from trainer_jax.config.checks import check_kept_sets  # it imports this module
-
         check_kept_sets(self)
         return self
 
     @model_validator(mode="after")
     def _long_rows_fit_the_wire(self) -> RunConfig:
-        from trainer_jax.config.checks import check_context_rows, check_wire_limits  # imports this
-
         check_wire_limits(self)
         check_context_rows(self)
         return self

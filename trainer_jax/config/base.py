@@ -22,3 +22,12 @@ def one_of(value: str, known, what: str) -> str:
     if value not in known:
         raise ValueError(f"unknown {what} {short(value)}; known: {', '.join(known)}")
     return value
+
+
+def check_registry(kind: str, implemented, names) -> None:
+    """Raise if a runtime registry implements other names than the schema accepts: the schema
+    keeps its variant names in light modules (no JAX, no runtime imports) and each registry calls
+    this at import, so the two cannot drift apart."""
+    if set(implemented) != set(names):
+        raise RuntimeError(f"{kind}: the registry implements {sorted(implemented)}, the config schema "
+                           f"accepts {sorted(names)}")

@@ -26,9 +26,3 @@ CENTERED_MODES = tuple(m for m in IS_MODES if m not in CENTERING_REFUSED)
 #: ``objective.aggregation``.
 AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "constant")
 
-
-def check_registry(kind: str, implemented, names) -> None:
-    """Raise if a registry implements other names than the schema accepts (an import-time check)."""
-    if set(implemented) != set(names):
-        raise RuntimeError(f"{kind}: the registry implements {sorted(implemented)}, the config schema "
-                           f"accepts {sorted(names)} (trainer_jax/config/objective_names.py)")

@@ -53,6 +53,10 @@ class ServiceLimitsConfig(_Strict):
     max_abs_reward: float = Field(1e6, gt=0, le=1e15, allow_inf_nan=False)
 
 
+#: ``service.router.policy`` (``trainer_jax.service.router.POLICIES`` implements exactly these).
+ROUTER_POLICIES = ("capacity", "cost", "throughput", "uniform")
+
+
 class RouterConfig(_Strict):
     """How the lease budget is split across sampler groups (see trainer_jax.service.router)."""
 
@@ -71,9 +75,7 @@ class RouterConfig(_Strict):
     @field_validator("policy")
     @classmethod
     def _known_policy(cls, v: str) -> str:
-        from trainer_jax.service.router import POLICIES  # the registry: one definition of the names
-
-        return one_of(v, sorted(POLICIES), "router policy")
+        return one_of(v, ROUTER_POLICIES, "router policy")
 
     @model_validator(mode="after")
     def _share_bounds(self) -> RouterConfig:

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Protocol
 import jax
 import jax.numpy as jnp
 
+from trainer_jax.config.base import check_registry
 from trainer_jax.config.objective_names import AGGREGATIONS as AGGREGATION_NAMES
-from trainer_jax.config.objective_names import check_registry
 from trainer_jax.objective.registry import Registry
 
 if TYPE_CHECKING:

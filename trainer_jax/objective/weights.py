@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING, NamedTuple, Protocol
 import jax
 import jax.numpy as jnp
 
-from trainer_jax.config.objective_names import CENTERED_MODES, IS_MODES, check_registry
+from trainer_jax.config.base import check_registry
+from trainer_jax.config.objective_names import CENTERED_MODES, IS_MODES
 from trainer_jax.objective.registry import Registry
 
 if TYPE_CHECKING:

@@ -25,7 +25,8 @@ import math
 import time
 from collections.abc import Callable, Iterable, Mapping
 
-from trainer_jax.config import RouterConfig
+from trainer_jax.config.base import check_registry
+from trainer_jax.config.service import ROUTER_POLICIES, RouterConfig
 
 
 @dataclasses.dataclass
@@ -315,3 +316,6 @@ class Router:
                        "samples_per_busy_s": g.samples_per_busy_s or 0.0,
                        "useful_share": g.useful_share, "over_bounds": over_bounds(g, self.cfg)}
                 for name, g in self.groups.items()}
+
+
+check_registry("router policy", POLICIES, ROUTER_POLICIES)

@@ -3,16 +3,26 @@ summaries ``mixrl-train serve`` prints."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from mixrl_wire import pb
-
-if TYPE_CHECKING:
-    from trainer_jax.service.server import RolloutService
+from trainer_jax.service.probes import ProbeBook
 
 
-def status_response(svc: RolloutService) -> pb.StatusResponse:
+class ServiceState(Protocol):
+    """What these summaries read of a running service (``server.RolloutService`` is one): a
+    protocol, so that this module does not import the server that imports it."""
+
+    server_id: str
+    probes: ProbeBook
+    _stopping: threading.Event
+
+    def status(self) -> dict: ...
+
+
+def status_response(svc: ServiceState) -> pb.StatusResponse:
     """The service's ``status()`` as the wire's ``StatusResponse``."""
     st = svc.status()
     t = st["totals"]
@@ -50,7 +60,7 @@ def status_response(svc: RolloutService) -> pb.StatusResponse:
         groups=groups, samplers=samplers)
 
 
-def watch_status_lines(service: RolloutService, every_s: float) -> Iterator[str]:
+def watch_status_lines(service: ServiceState, every_s: float) -> Iterator[str]:
     """One-line summaries of the service's state every ``every_s`` seconds (for ``serve``)."""
     while not service._stopping.wait(every_s):
         st = service.status()
