@@ -178,3 +178,20 @@ def test_a_report_exactly_at_the_margin_is_undecided():
     assert j.verdict == OLDER
     with pytest.raises(Exception, match="log-probabilities reported"):
         judge(_probe(2, old, now), [-1.0], now, Bound(kl=1.0, max_abs=1.0, noise=0.1))
+
+
+def test_a_tie_between_the_versions_is_not_older_and_a_bound_exactly_met_is_not_above():
+    """Served exactly midway between the two versions: not ``older`` (strictly nearer the previous
+    is the rule). A probe whose max |Δ| or KL equals the bound is within it."""
+    old, now, mid = [-3.0, -3.0], [-2.0, -2.0], [-2.5, -2.5]
+    j = judge(_probe(2, old, now), [-1.0, -2.0], mid, Bound(kl=1.0, max_abs=1.0, noise=1e-3), margin=1.0)
+    assert j.verdict == OK, j
+    at = Bound(kl=1.0, max_abs=0.5, noise=1e-3)
+    j = judge(_probe(2, old, now), [-1.5, -2.5], now, at)
+    assert j.current.max_abs == 0.5 and j.verdict == OK, j
+    kl = j.current.kl
+    assert judge(_probe(2, old, now), [-1.5, -2.5], now, Bound(kl=kl, max_abs=1.0, noise=1e-3)).verdict == OK
+    assert judge(_probe(2, old, now), [-1.5, -2.5], now,
+                 Bound(kl=math.nextafter(kl, 0.0), max_abs=1.0, noise=1e-3)).verdict == ABOVE_BOUND
+    assert judge(_probe(2, old, now), [-1.5, -2.5], now, Bound(kl=1.0, max_abs=0.4999, noise=1e-3)).verdict \
+        == ABOVE_BOUND
