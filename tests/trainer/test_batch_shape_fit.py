@@ -66,6 +66,13 @@ def test_a_config_whose_longest_sample_is_exactly_row_len_passes():
         check(load_config(None, base), [6])
     with pytest.raises(ConfigError, match="place at least 7"):  # one row fewer than the samples
         check(load_config(None, [*base, "train.rows=7"]), [5])
+    assert check(load_config(None, base)) is None  # prompts not known yet: counted as 0
+    with pytest.raises(ConfigError) as e:  # the token budget binds: 80 // 11 = 7 of 8
+        check(load_config(None, [*base, "train.max_tokens=80"]), [5])
+    for part in ("= 8 samples of up to 16 tokens", "place at least 8 of them (1 a row)",
+                 "train.max_tokens 80 at least 7 (11 policy tokens each)", "up to 12% of a step's",
+                 "Fits: train.rows 8 or more", "and train.max_tokens 88,"):
+        assert part in str(e.value), (part, str(e.value))
 
 
 _demand = st.builds(lambda env, share, tokens, policy: Demand(env, share, tokens, min(policy, tokens)),
@@ -84,5 +91,11 @@ def test_fit_is_the_first_fit_simulation_on_generated_shapes(samples, demands, r
     too_long, capacity, drop = reference(samples, demands, rows, row_len, max_tokens)
     assert f.too_long == too_long
     assert f.capacity == capacity
+    ok = [d for d in demands if d.tokens <= row_len]
+    if ok:  # each bound alone: the other made unlimited
+        length, policy = max(d.tokens for d in ok), max(d.policy for d in ok)
+        assert (f.longest, f.policy) == (length, policy)
+        assert f.rows_capacity == first_fit_capacity(rows, row_len, 10**6, length, policy)
+        assert f.tokens_capacity == first_fit_capacity(10**4, row_len, max_tokens, length, policy)
     assert f.drop_share == pytest.approx(drop)
     assert f.fits == (drop == 0.0)
