@@ -195,3 +195,19 @@ def test_a_tie_between_the_versions_is_not_older_and_a_bound_exactly_met_is_not_
                  Bound(kl=math.nextafter(kl, 0.0), max_abs=1.0, noise=1e-3)).verdict == ABOVE_BOUND
     assert judge(_probe(2, old, now), [-1.5, -2.5], now, Bound(kl=1.0, max_abs=0.4999, noise=1e-3)).verdict \
         == ABOVE_BOUND
+
+
+def test_pruning_the_probe_records_keeps_the_newest(tmp_path):
+    """The run keeps log p of the versions samplers may still load: pruning removes the oldest,
+    never the newest (a sorted order flipped removed the newest: mutate_human, probes.py)."""
+    from trainer_jax.service.probes import prune_records
+
+    for v in (3, 10, 1, 7, 2):  # written out of order; names sort as the versions do
+        (tmp_path / f"v{v:08d}.json").write_text("{}")
+    (tmp_path / "notes.json").write_text("{}")  # not a record: left alone
+    prune_records(tmp_path, 2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.json", "v00000007.json", "v00000010.json"]
+    prune_records(tmp_path, 0)  # 0: keep everything (nothing to prune by)
+    assert len(list(tmp_path.iterdir())) == 3
+    prune_records(tmp_path, 1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.json", "v00000010.json"]
