@@ -103,3 +103,12 @@ def test_a_corrupted_cached_version_is_fetched_again_not_loaded(roots, tmp_path)
     _, third = materialize_weights(wv, tmp_path, formats=["bf16"], fetch_file=fetch, cache_key="k",
                                    transfer="fetch")
     assert_same_export(third, src)
+
+
+def test_a_version_in_no_format_this_sampler_takes_names_every_format_sorted(tmp_path):
+    locs = [pb.WeightLocation(format=f, path="/nonexistent", manifest=pb.Manifest(files=[
+        pb.FileDigest(path="config.json", size=2, sha256="00")])) for f in ("nvfp4", "bf16", "fp8")]
+    with pytest.raises(WeightsError, match=r"^version 3 offers formats \['bf16', 'fp8', 'nvfp4'\], "
+                                           r"this sampler takes \['mxfp4'\]$"):
+        materialize_weights(pb.WeightVersion(version=3, locations=locs), tmp_path, formats=["mxfp4"],
+                            fetch_file=_never, cache_key="k")
