@@ -211,3 +211,21 @@ def test_pruning_the_probe_records_keeps_the_newest(tmp_path):
     assert len(list(tmp_path.iterdir())) == 3
     prune_records(tmp_path, 1)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.json", "v00000010.json"]
+
+
+def test_bounds_run_alarms_at_alarm_factor_times_the_groups_median():
+    """With ``bounds: run`` the bound is alarm_factor x the median of the group's recent KLs: a
+    baseline near 0.01 alarms at 0.15 (> 10 x 0.01), not at 0.08. The median dropped from the
+    product left a fixed bound no such jump reached (mutate_human, probes.py)."""
+    book = ProbeBook(ProbeConfig(alarm_after=1, baseline_versions=3), bounds=TABLE)
+    s = _session()
+
+    def report(v: int, shift: float) -> str:
+        book.add(_probe(v, OLD, NOW))
+        lq = [-1.0 - shift, -2.0 - shift]
+        book.report(s, pb.ProbeReport(version=v, logprobs=lq, previous_logprobs=NOW))
+        return s.probe.verdict
+
+    assert [report(v, 0.1414) for v in (1, 2, 3)] == [OK, OK, OK]  # KL 0.0098 each: the baseline
+    assert report(4, 0.4) == OK  # KL 0.07 < 0.098
+    assert report(5, 0.6) == ABOVE_BOUND  # KL 0.149 > 0.098
