@@ -229,3 +229,11 @@ def test_bounds_run_alarms_at_alarm_factor_times_the_groups_median():
     assert [report(v, 0.1414) for v in (1, 2, 3)] == [OK, OK, OK]  # KL 0.0098 each: the baseline
     assert report(4, 0.4) == OK  # KL 0.07 < 0.098
     assert report(5, 0.6) == ABOVE_BOUND  # KL 0.149 > 0.098
+
+
+@pytest.mark.parametrize("data", [[1, 2], "probe", 3, None])
+def test_a_probe_file_that_is_no_json_object_is_one_probe_error(data):
+    from mixrl_wire.probe import ProbeError
+
+    with pytest.raises(ProbeError, match="^probe.json: expected a JSON object$"):
+        Probe.from_json(data, "probe.json")
