@@ -64,6 +64,7 @@ class GroupMeasure:
     max_count: int | None = None
     rate: float = math.nan  # useful samples per (busy) replica-hour from the cost ledger
     rate_from: str = ""
+    rl_steps: int | None = None  # the RL steps its measurements come from (None: unknown)
 
     @property
     def useful_per_hour(self) -> float:
@@ -117,7 +118,7 @@ def read_run(run_dir: str | Path, window: float = WINDOW) -> dict[str, GroupMeas
             useful_share=useful, useful_from=useful_from, k3=_mean(col("k3")),
             k3_growth=last_k3 / first_k3 if len(steps) >= 3 and first_k3 > 0 else math.nan,
             out_of_range=_mean(col("out_of_range")), staleness=_mean(col("staleness")),
-            probe_kl=_mean(col("probe_kl")))
+            probe_kl=_mean(col("probe_kl")), rl_steps=len(steps))
         out[g].rate, out[g].rate_from = _ledger_rate(g, steps, last, useful)
     k3s = [m.k3 for m in out.values() if m.k3 > 0]
     for m in out.values():
@@ -216,11 +217,19 @@ class Plan:
     excluded: dict[str, str]
     useful_per_hour: float
     cost_per_hour: float
+    #: groups planned on their cost alone: their mismatch was measured over too few RL steps
+    unmeasured: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 def make_plan(groups: dict[str, GroupMeasure], budget: float, limits: Limits,
-              mins: dict[str, int] | None = None, maxs: dict[str, int] | None = None) -> Plan:
+              mins: dict[str, int] | None = None, maxs: dict[str, int] | None = None,
+              min_rl_steps: int = 0) -> Plan:
     """Exclude the groups over a limit or without a measured rate, then solve exactly.
+
+    A group whose measurements cover fewer than ``min_rl_steps`` RL steps (``--min-rl-steps``) is
+    not judged against the limits: its mismatch is "unmeasured — run longer" (``Plan.unmeasured``)
+    and it is planned on its cost alone (a few steps of k3 or out-of-range share say little: an
+    8-step run's k3 growth of 2e3 excluded a bf16 group whose probe KL was 1e-5).
 
     ``mins`` (``--min``): replicas a group must have (one bf16 replica for the evaluations, say):
     bought first, the rest of the budget solved as before (``n = min + n'`` keeps the problem a
@@ -231,9 +240,15 @@ def make_plan(groups: dict[str, GroupMeasure], budget: float, limits: Limits,
         if name not in groups:
             raise PlanError(f"--min/--max: unknown group {name!r} (the run's groups: {', '.join(groups)})")
     excluded: dict[str, str] = {}
+    unmeasured: dict[str, str] = {}
     items = []
     for name, m in groups.items():
-        broken = check_limits(m.limit_values(), limits)
+        if m.rl_steps is not None and m.rl_steps < min_rl_steps:
+            unmeasured[name] = (f"unmeasured — run longer ({m.rl_steps} of --min-rl-steps {min_rl_steps} "
+                                "RL steps): planned on its cost alone")
+            broken = []
+        else:
+            broken = check_limits(m.limit_values(), limits)
         if broken:
             excluded[name] = "; ".join(broken)
         elif math.isnan(m.useful_share) or math.isnan(m.k3):
@@ -253,7 +268,8 @@ def make_plan(groups: dict[str, GroupMeasure], budget: float, limits: Limits,
         raise PlanError(f"--min replicas cost {fixed_cost:g} USD/h, over the budget of {budget:g}")
     counts, value, cost = solve(items, budget - fixed_cost)
     value += sum(n * groups[g].useful_per_hour for g, n in mins.items())
-    return Plan({n: counts.get(n, 0) + mins.get(n, 0) for n in groups}, excluded, value, cost + fixed_cost)
+    return Plan({n: counts.get(n, 0) + mins.get(n, 0) for n in groups}, excluded, value, cost + fixed_cost,
+                unmeasured)
 
 
 def _counts(values: list[str], flag: str) -> dict[str, int]:
@@ -279,6 +295,7 @@ def plan_document(groups: dict[str, GroupMeasure], plan: Plan, budget: float, li
         "limits": {"source": limits.source, "file": limits.path,
                    **{k: v for k, v in limits.values.items() if v is not None}},
         "excluded": plan.excluded,
+        "unmeasured": plan.unmeasured,
         "method": "exact: branch and bound over integer replica counts (trainer_jax.plan_solve)",
     }
 
@@ -385,8 +402,12 @@ def print_plan(console, groups: dict[str, GroupMeasure], plan: Plan, budget: flo
                       _fmt(m.k3_growth, ".2f"),
                       _fmt(m.out_of_range, ".4f"), _fmt(m.staleness, ".2f"), _fmt(m.probe_kl),
                       _fmt(m.useful_per_hour, ".0f"), _fmt(per_usd, ".0f"), str(plan.counts[n]),
-                      plan.excluded.get(n, ""))
+                      plan.excluded.get(n, "") or plan.unmeasured.get(n, ""))
     console.print(table)
+    if plan.unmeasured:
+        console.print(f"warning: {', '.join(plan.unmeasured)} planned on cost alone: measured over fewer "
+                      "RL steps than --min-rl-steps, the limits were not applied; run longer",
+                      highlight=False)
     console.print(f"plan: {plan.cost_per_hour:.2f} of {budget:g} USD/h, "
                   f"{plan.useful_per_hour:,.0f} useful samples/h (at the run's measured rates; exact "
                   "branch and bound over integer replica counts)", highlight=False)
@@ -414,8 +435,12 @@ def plan_main(argv: list[str]) -> int:
     p.add_argument("--budget", type=float, required=True, help="USD per hour for the whole sampler pool")
     p.add_argument("--config", help="the run's config: its groups' accelerator / price_per_hour and prices:")
     p.add_argument("--prices", help="price table (YAML/JSON: accelerator -> USD per replica-hour)")
-    p.add_argument("--limits", help="stability limits YAML (default: the write-up's figures, "
-                                    "trainer_jax/plan_limits.yaml)")
+    p.add_argument("--limits", help="stability limits YAML, or 'writeup' for the write-up's figures "
+                                    "(default: trainer_jax/plan_limits.yaml, probe KL and out-of-range "
+                                    "share: what a precision adds)")
+    p.add_argument("--min-rl-steps", type=int, default=50, metavar="N",
+                   help="a group measured over fewer RL steps is not judged against the limits: "
+                        "'unmeasured - run longer', planned on its cost alone (default 50)")
     p.add_argument("--out", default="plan.yaml", help="where to write the plan (default plan.yaml)")
     p.add_argument("--min", action="append", default=[], metavar="GROUP=N",
                    help="at least N replicas of GROUP (e.g. bf16=1 to keep a bf16 evaluator); repeatable")
@@ -430,7 +455,10 @@ def plan_main(argv: list[str]) -> int:
         limits = load_limits(args.limits)
         groups = read_run(args.run_dir)
         attach_prices(groups, args.run_dir, args.config, args.prices)
-        plan = make_plan(groups, args.budget, limits, _counts(args.min, "--min"), _counts(args.max, "--max"))
+        if args.min_rl_steps < 0:
+            raise PlanError(f"--min-rl-steps must be >= 0, got {args.min_rl_steps}")
+        plan = make_plan(groups, args.budget, limits, _counts(args.min, "--min"), _counts(args.max, "--max"),
+                         min_rl_steps=args.min_rl_steps)
     except PlanError as e:
         print(f"mixrl-train plan: {' '.join(str(e).split())}", file=sys.stderr)
         return 2

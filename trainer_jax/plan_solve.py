@@ -23,17 +23,22 @@ from pathlib import Path
 from trainer_jax.config.yaml_safe import YamlError, load_yaml, read_text, short
 
 #: limit name -> (what it bounds, the measurement it is checked against)
+# The k3 keys measure trained samples: sampler vs the trainer's *current* policy, so they include
+# the drift of stale samples (asynchronous runs), not only what the precision adds; the probe KL
+# and the out-of-range share are the precision's own (the default limits use only those).
 LIMIT_KEYS: dict[str, str] = {
-    "max_k3": "the group's mean k3 (sampler vs trainer log-probs of the trained tokens)",
-    "max_k3_ratio": "the group's mean k3 over the lowest group's mean k3 in the same run",
-    "max_k3_growth": "the group's mean k3 over the run's last third / its first third",
+    "max_k3": "the group's mean k3 of trained samples (staleness included)",
+    "max_k3_ratio": "the group's mean k3 over the lowest group's in the same run (staleness included)",
+    "max_k3_growth": "the group's mean k3 over the run's last third / its first (staleness included)",
     "max_out_of_range": "the group's share of policy tokens with ratio outside [c_min, c_max]",
     "max_staleness": "the group's mean staleness (trainer versions behind) of trained samples",
     "max_probe_kl": "the group's mean version-probe KL",
 }
 #: keys a limits file may carry beside the limits: provenance, printed or kept, never checked
 INFO_KEYS = ("source", "warning", "runs", "generated_by", "notes")
-DEFAULT_LIMITS = "plan_limits.yaml"  # package data of trainer_jax: the write-up's figures
+DEFAULT_LIMITS = "plan_limits.yaml"  # package data of trainer_jax: precision-only limits
+#: ``--limits NAME`` for the package's named alternatives
+NAMED_LIMITS = {"writeup": "plan_limits_writeup.yaml"}
 
 
 class PlanError(ValueError):
@@ -55,12 +60,13 @@ class Limits:
 
 
 def load_limits(path: str | Path | None = None) -> Limits:
-    """A limits file (YAML: ``source:`` and ``max_*`` keys); None: the package's default, the
-    write-up's figures."""
+    """A limits file (YAML: ``source:`` and ``max_*`` keys); None: the package's default (probe KL
+    and out-of-range share); a name of ``NAMED_LIMITS`` (``writeup``): that package file."""
     try:  # bounded, a regular file, no alias bomb (trainer_jax.config.yaml_safe)
-        if path is None:
-            where = f"trainer_jax/{DEFAULT_LIMITS} (default)"
-            text = resources.files("trainer_jax").joinpath(DEFAULT_LIMITS).read_text()
+        if path is None or str(path) in NAMED_LIMITS:
+            name = DEFAULT_LIMITS if path is None else NAMED_LIMITS[str(path)]
+            where = f"trainer_jax/{name}" + (" (default)" if path is None else "")
+            text = resources.files("trainer_jax").joinpath(name).read_text()
         else:
             where = str(path)
             text = read_text(path, f"--limits {where}")

@@ -32,8 +32,9 @@ def tokens_per_s(useful_per_hour: float, replicas: int = 1) -> float:
     return useful_per_hour * TOK_PER_SAMPLE / 3600 * replicas
 
 
-def write_run(run_dir: Path, groups: dict[str, dict], steps: int = 6, prices: dict | None = None) -> Path:
-    """metrics.jsonl with per-group step metrics (constant per step) and a summary.json cost section."""
+def write_run(run_dir: Path, groups: dict[str, dict], steps: int = 60, prices: dict | None = None) -> Path:
+    """metrics.jsonl with per-group step metrics (constant per step) and a summary.json cost section;
+    60 steps: over ``mixrl-train plan``'s --min-rl-steps 50, so the limits are judged."""
     run_dir.mkdir(parents=True)
     rows = [{"step": -10, "sft/loss": 1.0}]
     for s in range(1, steps + 1):
@@ -120,17 +121,53 @@ def test_cli_subcommand(greedy_trap, tmp_path):
     assert [g["processes"] for g in yaml.safe_load((tmp_path / "p.yaml").read_text())["groups"]] == [0, 2, 0]
 
 
-def test_default_limits_are_the_write_ups(greedy_trap, tmp_path, capsys):
+def test_default_limits_judge_what_a_precision_adds(greedy_trap, tmp_path, capsys):
+    """The default bounds the probe KL and the out-of-range share, never k3 of trained samples
+    (staleness included); ``--limits writeup`` is the write-up's figures, k3 keys included."""
     run, _ = greedy_trap
     limits = load_limits()
-    assert "write-up" in limits.source and limits.values["max_out_of_range"] == 0.003
-    assert limits.values["max_k3_ratio"] == 4.7 and limits.values["max_k3"] is None
+    assert {k for k, v in limits.values.items() if v is not None} <= {"max_probe_kl", "max_out_of_range"}
+    assert limits.values["max_out_of_range"] == 0.003 and "interim" in limits.source
+    writeup = load_limits("writeup")
+    assert writeup.values["max_k3_ratio"] == 4.7 and writeup.values["max_k3_growth"] == 2.0
+    assert writeup.path == "trainer_jax/plan_limits_writeup.yaml" and "write-up" in writeup.source
     assert plan_main([str(run), "--budget", "10", "--out", str(tmp_path / "p.yaml")]) == 0
     text = capsys.readouterr().out
-    assert "limits from trainer_jax/plan_limits.yaml (default): the write-up's figures" in text
-    # c's k3 is 50x the least mismatched group's: over max_k3_ratio 4.7.
-    excluded = yaml.safe_load((tmp_path / "p.yaml").read_text())["excluded"]
+    assert "limits from trainer_jax/plan_limits.yaml (default): interim" in text
+    # c's k3 is 50x the others' but k3 is not a precision-only quantity: c is planned (it is fast).
+    doc = yaml.safe_load((tmp_path / "p.yaml").read_text())
+    assert doc["excluded"] == {} and {g["name"]: g["processes"] for g in doc["groups"]}["c"] > 0
+    w = tmp_path / "w.yaml"
+    assert plan_main([str(run), "--budget", "10", "--limits", "writeup", "--out", str(w)]) == 0
+    excluded = yaml.safe_load(w.read_text())["excluded"]
     assert "k3_ratio 50 > max_k3_ratio 4.7" in excluded["c"]
+
+
+def test_a_short_run_is_unmeasured_and_planned_on_cost_alone(tmp_path, capsys):
+    """Fewer RL steps than --min-rl-steps: no limit is applied, the group is planned on its cost
+    with "unmeasured — run longer" and one warning; at the threshold the limits apply again."""
+    groups = {"fast": {"tokens_per_s": tokens_per_s(9000), "out_of_range": 0.5},
+              "slow": {"tokens_per_s": tokens_per_s(3000)}}
+    prices = {"fast": ("H100", 5.0), "slow": ("A100", 5.0)}
+    for steps, unmeasured in ((8, True), (49, True), (50, False)):
+        run = write_run(tmp_path / f"run{steps}", groups, steps=steps, prices=prices)
+        out = tmp_path / f"p{steps}.yaml"
+        assert plan_main([str(run), "--budget", "10", "--out", str(out)]) == 0
+        doc, text = yaml.safe_load(out.read_text()), capsys.readouterr().out
+        counts = {g["name"]: g["processes"] for g in doc["groups"]}
+        if unmeasured:
+            assert set(doc["unmeasured"]) == {"fast", "slow"} and doc["excluded"] == {}
+            why = doc["unmeasured"]["fast"]
+            assert f"unmeasured — run longer ({steps} of --min-rl-steps 50 RL steps)" in why
+            assert counts == {"fast": 2, "slow": 0} and "planned on cost alone" in text
+        else:
+            assert doc["unmeasured"] == {}
+            assert "out_of_range 0.5 > max_out_of_range" in doc["excluded"]["fast"]
+            assert counts == {"fast": 0, "slow": 2}
+    assert plan_main([str(tmp_path / "run8"), "--budget", "10", "--min-rl-steps", "8",
+                      "--out", str(tmp_path / "p.yaml")]) == 0  # the threshold is the user's
+    assert "fast" in yaml.safe_load((tmp_path / "p.yaml").read_text())["excluded"]
+    assert plan_main([str(tmp_path / "run8"), "--budget", "10", "--min-rl-steps", "-1"]) == 2
 
 
 def test_solver_is_exact_against_brute_force():
