@@ -104,8 +104,14 @@ def test_compare_reports_a_difference_only_when_intervals_are_disjoint():
     assert compare(close, never, "pass") == "final pass@1: not distinguishable at n = 6 / 6"
     two = cell_outcome("mixed", "grpo", [0.1, 0.1], [True, True])
     none2 = cell_outcome("homogeneous", "grpo", [0.6, 0.6], [False, False])
-    # 2/2 vs 0/2: the split two seeds gave with identical objectives is not a difference at this n.
-    assert compare(two, none2, "collapse") == "collapse rate: not distinguishable at n = 2 / 2"
+    # 2/2 vs 0/2: the split two seeds gave with identical objectives decides nothing, and one or two
+    # seeds' zero-width bootstrap intervals must not "separate" either.
+    assert compare(two, none2, "collapse").startswith("collapse rate: not assessable at n = 2 / 2")
+    assert compare(two, none2, "pass").startswith("final pass@1: not assessable at n = 2 / 2")
+    three = cell_outcome("mixed", "grpo", [0.1] * 3, [True] * 3)
+    three_ok = cell_outcome("homogeneous", "grpo", [0.6] * 3, [False] * 3)
+    assert compare(three, three_ok, "collapse") == "collapse rate: not distinguishable at n = 3 / 3"
+    assert "homogeneous/grpo higher" in compare(three, three_ok, "pass")
     empty = cell_outcome("dial", "grpo", [], [])
     assert "not assessable" in compare(empty, never, "pass")
     with pytest.raises(ValueError):

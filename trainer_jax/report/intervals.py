@@ -25,6 +25,9 @@ import numpy as np
 LEVEL = 0.95
 BOOTSTRAP_DRAWS = 10_000
 BOOTSTRAP_SEED = 48
+#: Fewer seeds than this in either cell and no verdict is given: the bootstrap interval of one seed
+#: is a point, of two the pair's span, so they would "separate" on seed noise alone.
+MIN_SEEDS = 3
 
 
 def bootstrap_mean_interval(values: Sequence[float], level: float = LEVEL, draws: int = BOOTSTRAP_DRAWS,
@@ -108,8 +111,8 @@ def compare(a: CellOutcome, b: CellOutcome, outcome: str) -> str:
         what = "collapse rate"
     else:
         raise ValueError(f"compare: outcome must be 'pass' or 'collapse', got {outcome!r}")
-    if a.n == 0 or b.n == 0:
-        return f"{what}: not assessable (n = {a.n} / {b.n})"
+    if a.n < MIN_SEEDS or b.n < MIN_SEEDS:
+        return f"{what}: not assessable at n = {a.n} / {b.n} (a verdict needs {MIN_SEEDS} seeds a cell)"
     if overlap(ia, ib):
         return f"{what}: not distinguishable at n = {a.n} / {b.n}"
     hi, lo = (a, b) if va > vb else (b, a)
