@@ -260,6 +260,17 @@ def _changed_lines(diff: str) -> tuple[str, str]:
     return first("-"), first("+")
 
 
+def annotations(tree: ast.AST) -> list[ast.AST]:
+    """Every annotation in ``tree`` (arguments, annotated assignments, return types)."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.arg | ast.AnnAssign):
+            found.append(node.annotation)
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            found.append(node.returns)
+    return [a for a in found if a is not None]
+
+
 @functools.cache
 def _annotation_spans(clone: Path, commit: str, path: str) -> tuple[tuple[tuple[int, int], ...], ...]:
     """Where the annotations of ``path`` at ``commit`` are, when its ``from __future__ import
@@ -268,16 +279,7 @@ def _annotation_spans(clone: Path, commit: str, path: str) -> tuple[tuple[tuple[
     if not any(isinstance(n, ast.ImportFrom) and n.module == "__future__"
                and any(a.name == "annotations" for a in n.names) for n in tree.body):
         return ()
-    found = []
-    for node in ast.walk(tree):
-        notes = []
-        if isinstance(node, ast.arg | ast.AnnAssign):
-            notes.append(node.annotation)
-        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-            notes.append(node.returns)
-        found += [((a.lineno, a.col_offset), (a.end_lineno, a.end_col_offset))
-                  for a in notes if a is not None]
-    return tuple(found)
+    return tuple(((a.lineno, a.col_offset), (a.end_lineno, a.end_col_offset)) for a in annotations(tree))
 
 
 def load_equivalents() -> dict[tuple[str, str, str], list[dict]]:

@@ -78,17 +78,7 @@ class Mutant:
 
 def _annotation_nodes(tree: ast.AST) -> set[int]:
     """ids of every node inside an annotation (skipped: never evaluated)."""
-    out: set[int] = set()
-    for node in ast.walk(tree):
-        notes = []
-        if isinstance(node, ast.arg | ast.AnnAssign):
-            notes.append(node.annotation)
-        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-            notes.append(node.returns)
-        for a in notes:
-            if a is not None:
-                out.update(id(n) for n in ast.walk(a))
-    return out
+    return {id(n) for a in base.annotations(tree) for n in ast.walk(a)}
 
 
 def _variants(node: ast.AST) -> Iterator[tuple[str, ast.AST | str]]:
