@@ -123,10 +123,12 @@ def test_sync_and_dial_sweeps_set_their_pools_by_override(tmp_path):
     grid = cells(dial_long, tmp_path)
     assert len(grid) == 12
     homogeneous = load_config(ROOT / "configs" / "local_homogeneous.yaml").groups
+    # device aside: the shipped pools now say device: cpu (their prices are illustrative there),
+    # the dial's archived groups predate that and resolve auto to this same CPU.
+    same = {"logit_noise": None, "device": "auto"}
     for c in grid:
         groups = config(c).groups
-        assert [g.model_copy(update={"logit_noise": None}) for g in groups] == \
-            [g.model_copy(update={"logit_noise": None}) for g in homogeneous]
+        assert [g.model_copy(update=same) for g in groups] == [g.model_copy(update=same) for g in homogeneous]
     sigmas = {c.pool: {g.logit_noise for g in config(c).groups} for c in grid}
     assert sorted(s for (s,) in sigmas.values()) == [0.3, 1.0, 3.0]
 

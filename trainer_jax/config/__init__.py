@@ -52,10 +52,15 @@ class LoggingConfig(_Strict):
         return self
 
 
+#: The groups a config without ``groups:`` gets (as a tree: validated with the rest of the config).
+DEFAULT_GROUPS = ({"name": "bf16"},)
+
+
 class RunConfig(_Strict):
     run: RunSection = RunSection()
     model: ModelConfig = ModelConfig()
-    groups: list[SamplerGroupConfig] = Field(default_factory=lambda: [SamplerGroupConfig(name="bf16")])
+    groups: list[SamplerGroupConfig] = Field(
+        default_factory=lambda: [SamplerGroupConfig(**g) for g in DEFAULT_GROUPS])
     service: ServiceConfig = ServiceConfig()
     tasks: TasksConfig = TasksConfig()
     train: TrainConfig = TrainConfig()
@@ -231,9 +236,9 @@ def load_config(path: str | os.PathLike | None, overrides: list[str] | tuple[str
         if not isinstance(tree, dict):
             raise ConfigError(f"config file {p}: top level must be a mapping of sections, got a "
                               f"{type(tree).__name__}")
-    # groups[NAME].key=... on a config that keeps the default groups picks among those
-    defaults = {"groups": [g.model_dump(exclude_unset=True)
-                           for g in RunConfig.model_fields["groups"].default_factory()]}
+    # groups[NAME].key=... on a config that keeps the default groups picks among those (as trees:
+    # building them here would validate them outside the error handling below)
+    defaults = {"groups": [dict(g) for g in DEFAULT_GROUPS]}
     for override in overrides:
         apply_override(tree, override, defaults)
     if prices is not None:
