@@ -285,8 +285,7 @@ def test_a_turn_the_renderer_cannot_bridge_is_refused_and_counted(guess, tok):
 
 
 def test_an_unknown_taskset_is_one_line(tok):
-    from envs.loading import make_env
-    from envs.loading import EnvLoadError
+    from envs.loading import EnvLoadError, make_env
 
     line = r"^environment verifiers \(id 'no_such_taskset'\): cannot load"
     with pytest.raises(EnvLoadError, match=line) as e:
