@@ -20,3 +20,21 @@ chat_dir = _load("chat_dir")
 def model_dir(tmp_path_factory):
     """A model directory: a BPE tokenizer trained here, a ChatML-style template, a generation config."""
     return chat_dir.make_model_dir(tmp_path_factory.mktemp("model"))
+
+
+@pytest.fixture(scope="module")
+def worker_tokenizer(tmp_path_factory):
+    """The model directory's tokenizer, with this process marked as an environment worker
+    (``envs.isolated_worker.WORKER_ENV``) for the module's tests, as the verifiers bridge runs."""
+    import os
+
+    from convert.tokenizer import load_tokenizer
+    from envs.isolated_worker import WORKER_ENV
+
+    saved = os.environ.get(WORKER_ENV)
+    os.environ[WORKER_ENV] = "1"
+    yield load_tokenizer(chat_dir.make_model_dir(tmp_path_factory.mktemp("vf") / "model"))
+    if saved is None:
+        os.environ.pop(WORKER_ENV)
+    else:
+        os.environ[WORKER_ENV] = saved

@@ -12,7 +12,6 @@ run (``mixrl-train``, two sampler groups) is ``test_env_verifiers_e2e.py``.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import threading
 import urllib.error
@@ -28,7 +27,6 @@ from envs.verifiers_endpoint import GenerateEndpoint
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))  # vf_echo / vf_guess: the taskset ids the tests name
 
-from chat_dir import make_model_dir  # noqa: E402
 
 
 def _post(url: str, body: dict | bytes) -> tuple[int, dict]:
@@ -144,19 +142,10 @@ pytest.importorskip("verifiers.v1", reason="the verifiers extra is not installed
 
 
 @pytest.fixture(scope="module")
-def tok(tmp_path_factory):
+def tok(worker_tokenizer):
     """The chat model's tokenizer; episodes run in this process, as in a sampler's env worker
     (elsewhere ``start`` hands them to one: ``test_the_trainer_starts_tasks_in_a_worker``)."""
-    from convert.tokenizer import load_tokenizer
-    from envs.isolated_worker import WORKER_ENV
-
-    saved = os.environ.get(WORKER_ENV)
-    os.environ[WORKER_ENV] = "1"
-    yield load_tokenizer(make_model_dir(tmp_path_factory.mktemp("vf") / "model"))
-    if saved is None:
-        os.environ.pop(WORKER_ENV)
-    else:
-        os.environ[WORKER_ENV] = saved
+    return worker_tokenizer  # tests/envs/conftest.py
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,6 @@ prompt the real call carried (seen by wrapping the episode's own ``_next``, whic
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -22,23 +21,13 @@ import pytest
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))  # vf_guess: the taskset id the tests name
 
-from chat_dir import make_model_dir  # noqa: E402
 
 pytest.importorskip("verifiers.v1", reason="the verifiers extra is not installed")
 
 
 @pytest.fixture(scope="module")
-def tok(tmp_path_factory):
-    from convert.tokenizer import load_tokenizer
-    from envs.isolated_worker import WORKER_ENV
-
-    saved = os.environ.get(WORKER_ENV)
-    os.environ[WORKER_ENV] = "1"
-    yield load_tokenizer(make_model_dir(tmp_path_factory.mktemp("vf") / "model"))
-    if saved is None:
-        os.environ.pop(WORKER_ENV)
-    else:
-        os.environ[WORKER_ENV] = saved
+def tok(worker_tokenizer):
+    return worker_tokenizer  # tests/envs/conftest.py
 
 
 @pytest.fixture(scope="module")
