@@ -26,7 +26,7 @@ from rich.console import Console
 
 from sampler_torch.client import Backoff, RolloutClient
 from trainer_jax.config import load_config
-from trainer_jax.console_log import console_logging
+from trainer_jax.console_log import ConsoleHandler, console_logging
 from trainer_jax.cost import illustrative_line, illustrative_prices
 from trainer_jax.progress import Phase
 from trainer_jax.samplers import LocalSamplers
@@ -200,13 +200,20 @@ print(buf.getvalue(), end="")
     assert done.stdout.splitlines() == ["warning: sampler x (group g): [not markup] priced as H100",
                                         "error: boom"], done.stdout
     assert done.stderr == "", done.stderr
-    # In process, a handler someone configured on purpose (pytest's capture) is kept.
-    before = list(logging.getLogger().handlers)
+    # In process, a handler someone configured on purpose (pytest's capture) is kept; an earlier
+    # run's ConsoleHandler (an in-process trainer test on the same xdist worker) is replaced.
+    root = logging.getLogger()
+    on_purpose = logging.Handler()
+    root.addHandler(on_purpose)
+    earlier = console_logging(Console(file=io.StringIO()))
     handler = console_logging(Console(file=io.StringIO()))
     try:
-        assert all(h in logging.getLogger().handlers for h in before if type(h) is not logging.StreamHandler)
+        assert on_purpose in root.handlers
+        assert earlier not in root.handlers and handler in root.handlers
+        assert sum(isinstance(h, ConsoleHandler) for h in root.handlers) == 1
     finally:
-        logging.getLogger().removeHandler(handler)
+        root.removeHandler(handler)
+        root.removeHandler(on_purpose)
 
 
 def test_the_demo_configs_prices_are_said_once_as_illustrative(caplog):
