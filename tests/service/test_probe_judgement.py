@@ -237,3 +237,35 @@ def test_a_probe_file_that_is_no_json_object_is_one_probe_error(data):
 
     with pytest.raises(ProbeError, match="^probe.json: expected a JSON object$"):
         Probe.from_json(data, "probe.json")
+
+
+def test_a_probe_whose_continuations_all_ended_at_once_is_judged_not_a_crash():
+    """A probe whose every continuation is empty (each prompt's first sampled token ended it) is a
+    valid file; its reports carry no log-probabilities. The service judges them (zero tokens, KL
+    0, ``ok``) instead of dividing by the zero token count (a ZeroDivisionError is no
+    ``ProbeError``: it escaped the report handler)."""
+    from mixrl_wire.probe import Comparison, compare
+
+    assert compare([], []) == Comparison(0.0, 0.0, 0.0, 0)
+    empty = Probe.from_json({"probe_format": 2, "version": 4, "seed": 0, "prompts": [[1], [2]],
+                             "continuations": [[], []], "logprobs": [[], []]})
+    book, s = ProbeBook(ProbeConfig(bounds="table"), bounds=TABLE), _session()
+    book.add(empty)
+    action, why = book.report(s, pb.ProbeReport(version=4, logprobs=[]))
+    assert action == pb.ProbeAck.OK and s.probe.verdict == OK and s.probe.kl == 0.0, why
+
+
+def test_a_probe_without_the_trainers_log_p_is_refused_not_judged():
+    """``judge`` needs the trainer's log p: a published probe (``public()``) or a record whose
+    previous continuation lacks one version's log p is a ``ProbeError`` naming it, even when the
+    report sends no previous log-probabilities (then nothing else would notice: it read ``ok``)."""
+    from mixrl_wire.probe import ProbeError
+
+    probe = _probe(3, OLD, NOW)
+    bound = Bound(kl=1.0, max_abs=1.0, noise=1e-3)
+    assert judge(probe, [-1.0, -2.0], [], bound).verdict == OK  # the full record judges
+    with pytest.raises(ProbeError, match="the probe of version 3 holds no log p"):
+        judge(probe.public(), [-1.0, -2.0], [], bound)
+    half = Probe(3, 0, [[1]], [[2, 3]], [[-1.0, -2.0]], PreviousProbe(2, [[4, 4]], [OLD], None))
+    with pytest.raises(ProbeError, match="holds no log p"):
+        judge(half, [-1.0, -2.0], [], bound)
