@@ -112,3 +112,17 @@ def test_a_version_in_no_format_this_sampler_takes_names_every_format_sorted(tmp
                                            r"this sampler takes \['mxfp4'\]$"):
         materialize_weights(pb.WeightVersion(version=3, locations=locs), tmp_path, formats=["mxfp4"],
                             fetch_file=_never, cache_key="k")
+
+
+@pytest.mark.parametrize("transfer", ["auto", "fetch"])
+def test_a_version_announced_with_an_empty_manifest_is_refused_not_loaded(roots, tmp_path, transfer):
+    """An announcement whose manifest lists no file verifies nothing: loading the directory it
+    names (readable here) or an empty fetched one would serve unverified weights. Refused, with
+    nothing fetched and nothing left in the cache looking finished."""
+    src = roots / "full" / "v00000001" / "bf16"
+    wv = pb.WeightVersion(version=1, locations=[pb.WeightLocation(
+        format="bf16", path=str(src), manifest=pb.Manifest(files=[]))])
+    with pytest.raises(WeightsError, match=r"^version 1 format bf16: empty manifest$"):
+        materialize_weights(wv, tmp_path, formats=["bf16"], fetch_file=_never, cache_key="k",
+                            transfer=transfer)
+    assert not list(tmp_path.glob("*/bf16"))
