@@ -1,9 +1,9 @@
-"""The README's "Bring your own environment" blocks, as written: the import-path one
+"""The "bring your own environment" runs, as written: the README's import-path one
 (docs/examples/guess_env.py, the page docs/environments.md prints) in the dev venv, and the OpenEnv
-one in `.venv-openenv` (`make venv-openenv`: OpenEnv 0.10's mcp < 2 cannot share the dev venv
-with verifiers' mcp 2.0). Both configs load on every run. The commands run from a directory that
-links the repository's docs/ and tests/ (and .venv-openenv) so the relative paths resolve and
-runs/ lands there. The OpenEnv commands run under `make test-openenv` (this file in
+one of docs/environments.md in `.venv-openenv` (`make venv-openenv`: OpenEnv 0.10's mcp < 2 cannot
+share the dev venv with verifiers' mcp 2.0). Both configs load on every run. The commands run from
+a directory that links the repository's docs/ and tests/ (and .venv-openenv) so the relative paths
+resolve and runs/ lands there. The OpenEnv commands run under `make test-openenv` (this file in
 `.venv-openenv`, built and current); elsewhere that test skips."""
 
 import json
@@ -23,9 +23,16 @@ BIN = Path(sys.executable).parent
 OPENENV_VENV = REPO / ".venv-openenv"
 
 
-def _readme_block(config: str) -> tuple[str, list[str]]:
-    """The yaml block that starts ``# <config>`` and the bash block after it (comments dropped)."""
-    section = (REPO / "README.md").read_text().split("### Bring your own environment", 1)[1]
+# config file -> (the document that writes its run, the section heading it is under)
+DOCS = {"my_run.yaml": ("README.md", "### Bring your own environment"),
+        "openenv_run.yaml": ("docs/environments.md", "### OpenEnv servers")}
+
+
+def _doc_block(config: str) -> tuple[str, list[str]]:
+    """The yaml block that starts ``# <config>`` and the bash block after it (comments dropped), from
+    the section of the document that writes it (``DOCS``)."""
+    doc, heading = DOCS[config]
+    section = (REPO / doc).read_text().split(heading, 1)[1]
     rest = section[section.index(f"```yaml\n# {config}\n"):]
     yaml = re.search(r"```yaml\n(.*?)```", rest, re.S).group(1)
     bash = re.search(r"```bash\n(.*?)```", rest, re.S).group(1)
@@ -49,7 +56,7 @@ def test_the_import_path_config_loads_and_the_example_file_is_the_documented_one
     doc = (REPO / "docs" / "environments.md").read_text()
     code = re.search(r"```python\n(# guess_env\.py\n.*?)```", doc, re.S).group(1)
     assert (REPO / "docs" / "examples" / "guess_env.py").read_text() == code
-    yaml, commands = _readme_block("my_run.yaml")
+    yaml, commands = _doc_block("my_run.yaml")
     assert commands == ["PYTHONPATH=docs/examples mixrl-train --config my_run.yaml"]
     (tmp_path / "my_run.yaml").write_text(yaml)
     monkeypatch.syspath_prepend(str(REPO / "docs" / "examples"))
@@ -59,7 +66,7 @@ def test_the_import_path_config_loads_and_the_example_file_is_the_documented_one
 
 
 def test_the_openenv_config_loads_and_its_commands_use_the_openenv_venv(tmp_path):
-    yaml, commands = _readme_block("openenv_run.yaml")
+    yaml, commands = _doc_block("openenv_run.yaml")
     assert commands == ["make venv-openenv",
                         ".venv-openenv/bin/python tests/envs/openenv_guess_server.py 8765 &",
                         ".venv-openenv/bin/mixrl-train --config openenv_run.yaml"]
@@ -67,7 +74,7 @@ def test_the_openenv_config_loads_and_its_commands_use_the_openenv_venv(tmp_path
     cfg = load_config(str(tmp_path / "openenv_run.yaml"), [])
     ((name, env, options),) = [(m.name, m.env, m.options) for m in cfg.tasks.mix_entries()]
     assert (name, env, options["url"]) == ("server_guess", "openenv", "http://127.0.0.1:8765")
-    # What `make venv-openenv` would run (make -n: nothing is installed), into the README's path.
+    # What `make venv-openenv` would run (make -n: nothing is installed), into the documented path.
     plan = subprocess.run(["make", "-n", "-B", "venv-openenv", "TORCH_INDEX="], cwd=REPO,
                           capture_output=True, text=True, timeout=60, check=True).stdout
     assert "python3 -m venv .venv-openenv" in plan
@@ -77,7 +84,7 @@ def test_the_openenv_config_loads_and_its_commands_use_the_openenv_venv(tmp_path
 
 @pytest.mark.timeout(600)
 def test_the_import_path_block_trains_as_written(tmp_path):
-    yaml, (train,) = _readme_block("my_run.yaml")
+    yaml, (train,) = _doc_block("my_run.yaml")
     (tmp_path / "docs").symlink_to(REPO / "docs")
     (tmp_path / "my_run.yaml").write_text(yaml)
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}  # the dev venv, active
@@ -95,7 +102,7 @@ def test_the_import_path_block_trains_as_written(tmp_path):
 def test_the_openenv_block_trains_as_written(tmp_path):
     if Path(sys.prefix).resolve() != OPENENV_VENV.resolve():  # keeps `make test`'s time as it is
         pytest.skip("runs in .venv-openenv: `make test-openenv` builds it and runs this test there")
-    make, server, train = _readme_block("openenv_run.yaml")[1]
+    make, server, train = _doc_block("openenv_run.yaml")[1]
     if subprocess.run(["make", "-q", "venv-openenv"], cwd=REPO, capture_output=True).returncode != 0:
         pytest.skip(".venv-openenv is older than pyproject.toml: `make venv-openenv` (or make test-openenv)")
     # as written, from the repository root; up to date, so make does nothing (never rebuilds the
@@ -104,7 +111,7 @@ def test_the_openenv_block_trains_as_written(tmp_path):
     assert out.returncode == 0 and "Nothing to be done" in out.stdout, out.stdout + out.stderr
     for name in ("docs", "tests", ".venv-openenv"):
         (tmp_path / name).symlink_to(REPO / name)
-    (tmp_path / "openenv_run.yaml").write_text(_readme_block("openenv_run.yaml")[0])
+    (tmp_path / "openenv_run.yaml").write_text(_doc_block("openenv_run.yaml")[0])
     env = dict(os.environ)
     env.pop("PYTHONPATH", None)
     env.pop("VIRTUAL_ENV", None)
@@ -112,7 +119,7 @@ def test_the_openenv_block_trains_as_written(tmp_path):
                             stdout=subprocess.PIPE)
     try:
         port = proc.stdout.readline().strip()  # bound before it prints; nothing if 8765 is taken
-        assert port == b"8765", f"the README's OpenEnv server did not start on port 8765: {port!r}"
+        assert port == b"8765", f"the documented OpenEnv server did not start on port 8765: {port!r}"
         _train(train, tmp_path, env)
     finally:
         proc.terminate()

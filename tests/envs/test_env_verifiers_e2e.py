@@ -1,5 +1,5 @@
-"""``env: verifiers`` end to end: the README's verifiers block, as written. ``mixrl-train`` with two
-sampler groups (bf16, int8) on a tiny random Qwen3 with a chat template
+"""``env: verifiers`` end to end: the verifiers run of docs/environments.md, as written.
+``mixrl-train`` with two sampler groups (bf16, int8) on a tiny random Qwen3 with a chat template
 (``scripts/make_tiny_chat_model.py``), a task mix of the single-turn ``vf_echo`` taskset and the
 multi-turn ``vf_guess`` environment beside this file, both through the real ``verifiers`` 0.4
 package. Their episodes run in the samplers' env workers: verifiers renders each turn and calls the
@@ -29,16 +29,18 @@ ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 
 
-def _readme_block() -> tuple[str, list[str]]:
-    section = (ROOT / "README.md").read_text().split("### Bring your own environment", 1)[1]
+def _doc_block() -> tuple[str, list[str]]:
+    """The ``# vf_run.yaml`` block of docs/environments.md's verifiers section and the bash block
+    after it (comments dropped)."""
+    section = (ROOT / "docs" / "environments.md").read_text().split("### `verifiers` environments", 1)[1]
     rest = section[section.index("```yaml\n# vf_run.yaml"):]
     yaml = re.search(r"```yaml\n(# vf_run\.yaml\n.*?)```", rest, re.S).group(1)
     bash = re.search(r"```bash\n(.*?)```", rest, re.S).group(1)
     return yaml, [line.split("  #")[0].strip() for line in bash.splitlines() if line.strip()]
 
 
-def test_the_readme_block_loads(tmp_path):
-    yaml, commands = _readme_block()
+def test_the_documented_block_loads(tmp_path):
+    yaml, commands = _doc_block()
     assert commands == ["pip install -e '.[verifiers]'",
                         "python scripts/make_tiny_chat_model.py runs/tiny-chat-model",
                         "PYTHONPATH=tests/envs mixrl-train --config vf_run.yaml"]
@@ -51,9 +53,9 @@ def test_the_readme_block_loads(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
-def test_the_readme_commands_train_verifiers_environments_on_two_sampler_groups(tmp_path):
+def test_the_documented_commands_train_verifiers_environments_on_two_sampler_groups(tmp_path):
     pytest.importorskip("verifiers.v1", reason="the verifiers extra is not installed")
-    yaml, (_install, make_model, train) = _readme_block()
+    yaml, (_install, make_model, train) = _doc_block()
     for name in ("scripts", "tests"):
         (tmp_path / name).symlink_to(ROOT / name)
     (tmp_path / "vf_run.yaml").write_text(yaml)
