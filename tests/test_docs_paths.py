@@ -1,4 +1,5 @@
-"""docs/design.md is the map of where each concept lives: every path it names exists.
+"""docs/design.md is the map of where each concept lives: every path it names exists. The README
+stays a page for users (issue 47): short, no long table cells.
 
 A backticked span is a path when it is made of path characters and holds a ``/`` or ends in a
 source or data file's extension. Spans with a ``/`` are read from the repository root. A bare file
@@ -86,3 +87,15 @@ def test_a_missing_path_is_caught():
            "| objective | `trainer_jax/objective/` | `loss.py`, `no_such.py`, `cli.py` |\n\n## 7. End\n")
     assert missing_rooted(doc) == ["trainer_jax/loss_v2.py", "trainer_jx/objective/"]
     assert missing_in_rows(doc) == [("objective", "no_such.py"), ("objective", "cli.py")]
+
+
+def test_the_readme_stays_a_users_page():
+    """Issue 47: the README under 250 lines, no table cell over 700 characters (history and long
+    figures live in docs/benchmarks.md), the generated blocks in place."""
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) < 250, len(text.splitlines())
+    rows = [line.strip().strip("|") for line in text.splitlines() if line.startswith("|")]
+    cells = [c.strip() for row in rows for c in row.split("|")]
+    assert cells and max(map(len, cells)) <= 700, max(cells, key=len)
+    for tag in ("demo", "results"):
+        assert text.count(f"<!-- {tag}:begin -->") == 1 and text.count(f"<!-- {tag}:end -->") == 1, tag
