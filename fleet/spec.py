@@ -77,7 +77,7 @@ def sampler_args(g: SamplerGroupConfig, episode_tokens: int) -> tuple[str, ...]:
 def load_fleet_config(config: str | Path, plan: str | Path | None = None,
                       overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
     """The run config with the plan's replica counts merged (``mixrl-train --plan``'s rule)."""
-    from trainer_jax.plan import PlanError, plan_overrides
+    from experiments.plan import PlanError, plan_overrides
 
     try:
         extra = plan_overrides(config, plan) if plan else []

@@ -70,8 +70,8 @@ def main(argv: list[str] | None = None) -> int:
         return sft_main(argv[1:])
     if argv and argv[0] == "sweep":
         return sweep_main(argv[1:])
-    if argv and argv[0] == "plan":  # trainer_jax.plan: a sampler pool from a run's measurements
-        from trainer_jax.plan import plan_main
+    if argv and argv[0] == "plan":  # experiments.plan: a sampler pool from a run's measurements
+        from experiments.plan import plan_main
 
         return plan_main(argv[1:])
     if argv and argv[0] in PLANNED:
@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _main_parser().parse_intermixed_args(argv)  # key=value before or after the flags
     overrides = list(args.overrides)
     if args.plan:  # the plan's groups first: key=value overrides still apply over them
-        from trainer_jax.plan import PlanError, plan_overrides
+        from experiments.plan import PlanError, plan_overrides
 
         try:
             overrides = plan_overrides(args.config, args.plan) + overrides
@@ -334,7 +334,7 @@ def sweep_main(argv: list[str]) -> int:
     # Intermixed: the key=value overrides may come after the options (argparse would reject them).
     args = p.parse_intermixed_args(argv)
 
-    from trainer_jax.sweep import SweepError, load_sweep, run_sweep
+    from experiments.sweep import SweepError, load_sweep, run_sweep
 
     try:
         spec = load_sweep(args.sweep_file).select(quick=args.quick)
@@ -374,7 +374,7 @@ def sweep_main(argv: list[str]) -> int:
         print(f"mixrl-train sweep: --report-only: {out} does not exist", file=sys.stderr)
         return 2
     if not args.no_report:
-        from trainer_jax.report import write_report
+        from experiments.report import write_report
 
         labels = spec.labels()
         path = write_report(out, report, labels=labels, with_drift=not args.no_drift,

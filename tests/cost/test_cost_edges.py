@@ -86,7 +86,7 @@ def test_plan_survives_a_group_whose_trained_tokens_were_all_dropped(tmp_path, c
 
     import yaml
 
-    from trainer_jax.plan import plan_main
+    from experiments.plan import plan_main
 
     run = tmp_path / "run"
     run.mkdir()

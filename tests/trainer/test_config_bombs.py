@@ -20,10 +20,10 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
+from experiments.plan import PlanError, plan_overrides
 from trainer_jax.config import ConfigError, load_config
 from trainer_jax.config.checks import check_host_devices, host_gpus
 from trainer_jax.config.yaml_safe import MAX_ALIAS_EXPANSION, read_yaml, short
-from trainer_jax.plan import PlanError, plan_overrides
 
 BIN = Path(sys.executable).parent
 ROOT = Path(__file__).parent.parent.parent
@@ -306,7 +306,7 @@ def test_a_malformed_plan_is_one_line(tmp_path):
 
 
 def test_limits_and_prices_files_use_the_same_loader(tmp_path):
-    from trainer_jax.plan_solve import load_limits
+    from experiments.plan_solve import load_limits
 
     bomb = _write(tmp_path, "bomb.yaml", billion_laughs())
     with pytest.raises(PlanError, match=r"^--limits .*bomb.yaml: its aliases expand"):

@@ -94,7 +94,7 @@ BIN = Path(sys.executable).parent
 
 
 def test_sync_and_dial_sweeps_set_their_pools_by_override(tmp_path):
-    from trainer_jax.sweep import cells, load_sweep
+    from experiments.sweep import cells, load_sweep
 
     def config(cell):
         return load_config(cell.config, [o for o in cell.overrides if not o.startswith("model.hf_dir")])

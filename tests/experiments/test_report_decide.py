@@ -3,9 +3,9 @@
 import math
 from pathlib import Path
 
-from trainer_jax.report.decide import comparisons, decision_section, decision_table, outcomes
-from trainer_jax.report.grid import Grid
-from trainer_jax.report.runs import RunResult
+from experiments.report.decide import comparisons, decision_section, decision_table, outcomes
+from experiments.report.grid import Grid
+from experiments.report.runs import RunResult
 
 
 def _run(pool, cond, seed, final, collapse=None, ok=True):

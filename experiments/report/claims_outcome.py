@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import math
 
-from trainer_jax.report.grid import Grid
-from trainer_jax.report.runs import REWARD_FLOOR, mean_over_seeds, nanmean
-from trainer_jax.report.tables import fmt
+from experiments.report.grid import Grid
+from experiments.report.runs import REWARD_FLOOR, mean_over_seeds, nanmean
+from experiments.report.tables import fmt
 
 _CORRECTED = ("sc_mis", "sc_mis_topp")
 _CLAIM_1 = "1. **GRPO collapses on mixed samplers"

@@ -2,7 +2,7 @@
 the run directories (weights, checkpoints, sampler caches: gigabytes, under the ignored ``runs/``)
 are gone — as happened to issue 20's sweeps, whose documents could no longer be rebuilt.
 
-    python -m trainer_jax.report.archive runs/ablation_long docs/results_long/runs \\
+    python -m experiments.report.archive runs/ablation_long docs/results_long/runs \\
         --command "runs/ablation_long/run.sh (five mixrl-train sweep invocations)"
 
 Per cell ``{pool}/{condition}/seed{N}`` it copies what ``report.runs.collect`` reads:
@@ -17,7 +17,7 @@ refreshes the archive.
 
 A grid too long for one sitting continues in another checkout from its archive:
 
-    python -m trainer_jax.report.archive --restore docs/results_decide/runs runs/ablation_decide
+    python -m experiments.report.archive --restore docs/results_decide/runs runs/ablation_decide
 
 copies the archived warm start (the very weights every cell started from) and each finished
 cell's record into the run directory, so ``mixrl-train sweep ... --out runs/ablation_decide``
@@ -33,7 +33,7 @@ import os
 import shutil
 from pathlib import Path
 
-from trainer_jax.report.runs import ARCHIVED_METRICS
+from experiments.report.runs import ARCHIVED_METRICS
 
 ROOT = Path(__file__).resolve().parents[2]
 SUMMARY_KEYS = ("eval_start", "eval_end", "steps", "run_name")
@@ -135,7 +135,7 @@ def restore(src: str | os.PathLike, dst: str | os.PathLike) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m trainer_jax.report.archive",
+    ap = argparse.ArgumentParser(prog="python -m experiments.report.archive",
                                  description=__doc__.split("\n\n")[0])
     ap.add_argument("src", help="the sweep's run directory (runs/...); with --restore, the archive")
     ap.add_argument("dst", help="where to keep its small outputs (docs/results_*/runs); with --restore, "

@@ -7,9 +7,9 @@ import json
 import math
 from pathlib import Path
 
-from trainer_jax.report import collect
-from trainer_jax.report.grid import Grid
-from trainer_jax.report.seed_claims import growth_section, verdicts
+from experiments.report import collect
+from experiments.report.grid import Grid
+from experiments.report.seed_claims import growth_section, verdicts
 
 N = 24
 
@@ -54,7 +54,7 @@ def test_two_seeds_are_named_and_folds_average_geometrically(tmp_path):
 def test_reward_alarm_needs_a_reward_off_zero():
     # Seed 1 of issue 20's sweeps: a warm start that left rewards at a few thousandths, whose
     # half-of-best alarm fired on noise (0.002 vs best 0.005); the same shape 10x higher collapses.
-    from trainer_jax.report.runs import collapse_step
+    from experiments.report.runs import collapse_step
 
     shape = [3, 4, 5, 5, 5, 4, 5, 5, 4, 5, 4, 5, 3, 2, 2, 1, 1, 1, 1, 1, 1, 1, 1, 1]
     tiny = [{"step": s, "reward_mean": 1e-3 * x} for s, x in enumerate(shape, 1)]
@@ -65,7 +65,7 @@ def test_reward_alarm_needs_a_reward_off_zero():
 
 
 def test_two_seeds_note_where_each_started(tmp_path):
-    from trainer_jax.report.summary import reading_notes
+    from experiments.report.summary import reading_notes
 
     _run(tmp_path, "mixed", "grpo", 0, 0.0)
     _run(tmp_path, "mixed", "grpo", 1, 0.0)
@@ -78,7 +78,7 @@ def test_two_seeds_note_where_each_started(tmp_path):
 
 def test_a_held_out_collapse_is_more_than_sampling_noise():
     """Halving a small pass rate over few samples is noise; over many, or from a high start, not."""
-    from trainer_jax.report.runs import RunResult
+    from experiments.report.runs import RunResult
 
     def run(start: float, end: float, samples: int) -> RunResult:
         r = RunResult("mixed", "grpo", 0, Path("."), ok=True, eval_samples=samples)

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
-from trainer_jax.report.growth import group_points, mean_fold
-from trainer_jax.report.plots import _pyplot, _save
-from trainer_jax.report.runs import RunResult, grid_order, nanmean
+from experiments.report.growth import group_points, mean_fold
+from experiments.report.plots import _pyplot, _save
+from experiments.report.runs import RunResult, grid_order, nanmean
 
 COLLAPSED, GROWTH, BOUNDED = "collapsed", "growth", "bounded"
 #: one letter per seed in the phase diagram's cells

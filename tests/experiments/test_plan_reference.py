@@ -1,4 +1,4 @@
-"""The planner (``trainer_jax.plan_solve.solve``, ``trainer_jax.plan.make_plan``) against brute
+"""The planner (``experiments.plan_solve.solve``, ``experiments.plan.make_plan``) against brute
 force on small adversarial sets (issue 46): a bound that must stay an upper bound, ``--min`` /
 ``--max`` per group, limits of 0 (valid: "none at all"), budgets of 0 and exact multiples of a
 price, ties, zero-value groups and groups capped at 0.
@@ -13,8 +13,8 @@ import hypothesis.strategies as st
 import pytest
 from hypothesis import example, given, settings
 
-from trainer_jax.plan import GroupMeasure, make_plan
-from trainer_jax.plan_solve import LIMIT_KEYS, Item, Limits, PlanError, check_limits, solve
+from experiments.plan import GroupMeasure, make_plan
+from experiments.plan_solve import LIMIT_KEYS, Item, Limits, PlanError, check_limits, solve
 
 NO_LIMITS = Limits({k: None for k in LIMIT_KEYS}, "test", "test")
 
@@ -158,7 +158,7 @@ def test_k3_growth_is_the_last_third_over_the_first_third(tmp_path):
     (``steps[:third - 1]``) passed every test (mutate_human, plan.py)."""
     import json
 
-    from trainer_jax.plan import read_run
+    from experiments.plan import read_run
 
     k3 = [0.01, 0.03, 0.02, 0.04, 0.05, 0.06, 0.09]
     rows = [{"step": s + 1, "samples_trained": 10.0, "group/a/sample_share": 1.0, "group/a/tokens": 100.0,
@@ -177,7 +177,7 @@ def test_plan_inputs_at_their_edges(tmp_path, capsys):
     no groups: list, a plan listing two groups twice (the first by name is named), ``--help``."""
     import json
 
-    from trainer_jax.plan import PlanError, _from_summary, plan_main, plan_overrides, read_plan
+    from experiments.plan import PlanError, _from_summary, plan_main, plan_overrides, read_plan
 
     (tmp_path / "summary.json").write_text(json.dumps({"cost": {"groups": {
         "a": {"accelerator": "L4", "price_per_hour": 1.0, "processes": 0},

@@ -12,8 +12,8 @@ rules are fixed before the runs (the sweep file states them; ``intervals.py`` im
 
 from __future__ import annotations
 
-from trainer_jax.report.grid import Grid
-from trainer_jax.report.intervals import CellOutcome, cell_outcome, compare, format_interval
+from experiments.report.grid import Grid
+from experiments.report.intervals import CellOutcome, cell_outcome, compare, format_interval
 
 CONTROL_POOL = "homogeneous"
 UNCORRECTED = "grpo"
@@ -69,5 +69,5 @@ def decision_section(grid: Grid) -> list[str]:
         return []
     return ["## Decision table (issue 48's pre-registered rules)", "",
             "A difference counts only where the two cells' 95 % intervals are disjoint "
-            "(`trainer_jax/report/intervals.py`).", "", *decision_table(grid), "",
+            "(`experiments/report/intervals.py`).", "", *decision_table(grid), "",
             *[f"- {line}" for line in comparisons(grid)], ""]

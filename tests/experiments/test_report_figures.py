@@ -10,13 +10,13 @@ import json
 import math
 from pathlib import Path
 
-from trainer_jax.report import collect
-from trainer_jax.report.figures import BOUNDED, COLLAPSED, GROWTH, cell_phase, run_phase
-from trainer_jax.report.grid import Grid
-from trainer_jax.report.growth import k3_trend
-from trainer_jax.report.runs import RunResult
-from trainer_jax.report.seed_claims import REPRODUCED, group_kl_points, verdicts
-from trainer_jax.report.summary import main as summary_main
+from experiments.report import collect
+from experiments.report.figures import BOUNDED, COLLAPSED, GROWTH, cell_phase, run_phase
+from experiments.report.grid import Grid
+from experiments.report.growth import k3_trend
+from experiments.report.runs import RunResult
+from experiments.report.seed_claims import REPRODUCED, group_kl_points, verdicts
+from experiments.report.summary import main as summary_main
 
 ROOT = Path(__file__).resolve().parents[2]
 N = 12
@@ -99,7 +99,7 @@ def test_summary_draws_its_figures_and_lists_a_running_cell(tmp_path):
         _run(sweep, "homogeneous", "grpo", seed, config="configs/local_homogeneous.yaml")
     _run(sweep, "homogeneous", "sc_mis", 0, finished=False)  # still running: metrics, no cell.json
     # The archive the document is rebuilt from: relative paths, running cell kept without cell.json.
-    from trainer_jax.report.archive import archive
+    from experiments.report.archive import archive
 
     kept_dir = tmp_path / "ablation_long"
     copied = archive(sweep, kept_dir, command="run.sh")
@@ -116,7 +116,7 @@ def test_summary_draws_its_figures_and_lists_a_running_cell(tmp_path):
     assert summary_main(["--sweep", f"{sweep_file}={kept_dir}", "--listed", f"{sweep_file}={short}@the same cells, shorter",
                          "--doc", str(doc)]) == 0
     text = doc.read_text()
-    assert "This document: `python -m trainer_jax.report.summary --sweep " in text
+    assert "This document: `python -m experiments.report.summary --sweep " in text
     assert "- command: `run.sh` (runs' small outputs kept in `" in text
     assert "### short grid (the same cells, shorter: not in the claims below)" in text
     assert "### The same claims judged on the short grid alone (the same cells, shorter)" in text
@@ -151,7 +151,7 @@ def test_k3_slope_is_fitted_within_groups():
 
 
 def test_phase_summary_names_the_cells_that_left_bounded():
-    from trainer_jax.report.figures import phase_summary
+    from experiments.report.figures import phase_summary
 
     grow = math.log(3) / (N - 1)
     runs = [_result(collapse=5), _result(seed=1), _result(rate=grow, seed=0)]
@@ -165,9 +165,9 @@ def test_phase_summary_names_the_cells_that_left_bounded():
 def test_a_grid_continues_from_its_archive_in_a_fresh_checkout(tmp_path):
     """The archive keeps a small shared warm start's weights; --restore puts them and the finished
     cells back so the sweep skips those cells and the rest start from the very same weights."""
-    from trainer_jax.report.archive import WARM_START_MAX_BYTES, archive
-    from trainer_jax.report.archive import main as archive_main
-    from trainer_jax.sweep import CELL_FILE
+    from experiments.report.archive import WARM_START_MAX_BYTES, archive
+    from experiments.report.archive import main as archive_main
+    from experiments.sweep import CELL_FILE
 
     runs = tmp_path / "runs"
     _run(runs, "mixed", "grpo", 0)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from trainer_jax.report.runs import REWARD_FLOOR, RunResult, grid_order, mean_over_seeds
+from experiments.report.runs import REWARD_FLOOR, RunResult, grid_order, mean_over_seeds
 
 
 @dataclasses.dataclass(frozen=True)

@@ -7,14 +7,14 @@ sweep at another scale rewrites the conclusions with it.
 
 from __future__ import annotations
 
-from trainer_jax.report.claims_mismatch import drift_share, mixed_kl_is_larger, out_of_range_attribution
-from trainer_jax.report.claims_outcome import (
+from experiments.report.claims_mismatch import drift_share, mixed_kl_is_larger, out_of_range_attribution
+from experiments.report.claims_outcome import (
     corrected_stays_stable,
     grpo_collapses_on_mixed,
     mixed_matches_homogeneous,
     top_p_collapse,
 )
-from trainer_jax.report.grid import Grid
+from experiments.report.grid import Grid
 
 CLAIMS = (  # in the order of the seed write-up's findings
     grpo_collapses_on_mixed,

@@ -5,7 +5,7 @@ Every number in the report is computed here from the run directories (``metrics.
 the prose that states a finding is chosen by the numbers (e.g. whether GRPO collapsed), so
 rerunning the sweep at another scale rewrites the conclusions with it.
 
-Layout read: ``OUT/{pool}/{condition}/seed{N}/`` as written by ``trainer_jax.sweep``.
+Layout read: ``OUT/{pool}/{condition}/seed{N}/`` as written by ``experiments.sweep``.
 
 Modules: ``runs`` (reading run directories into ``RunResult``), ``drift`` (the JAX drift analysis,
 which imports JAX only when called), ``plots`` (the curves), ``grid`` / ``tables`` (the factual
@@ -13,10 +13,10 @@ sections), ``claims_outcome`` / ``claims_mismatch`` / ``prose`` (the written com
 (the document).
 """
 
-from trainer_jax.report.drift import drift_gradients
-from trainer_jax.report.plots import CURVES, plot_curves
-from trainer_jax.report.render import render, write_report
-from trainer_jax.report.runs import (
+from experiments.report.drift import drift_gradients
+from experiments.report.plots import CURVES, plot_curves
+from experiments.report.render import render, write_report
+from experiments.report.runs import (
     REWARD_FLOOR,
     RunResult,
     collapse_step,

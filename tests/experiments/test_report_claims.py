@@ -11,11 +11,11 @@ from pathlib import Path
 
 import numpy as np
 
-from trainer_jax.report import collect
-from trainer_jax.report.grid import Grid
-from trainer_jax.report.growth import k3_trend
-from trainer_jax.report.seed_claims import NOT_OBSERVABLE, NOT_REPRODUCED, REPRODUCED, verdicts
-from trainer_jax.report.summary import finish_command, load_sweep_runs, write_summary
+from experiments.report import collect
+from experiments.report.grid import Grid
+from experiments.report.growth import k3_trend
+from experiments.report.seed_claims import NOT_OBSERVABLE, NOT_REPRODUCED, REPRODUCED, verdicts
+from experiments.report.summary import finish_command, load_sweep_runs, write_summary
 
 ROOT = Path(__file__).resolve().parents[2]
 N = 24
@@ -143,7 +143,7 @@ def _dial(root: Path) -> None:
 
 
 def test_report_has_growth_phase_and_claims(tmp_path):
-    from trainer_jax.report import write_report
+    from experiments.report import write_report
 
     root = tmp_path / "dial"
     _dial(root)

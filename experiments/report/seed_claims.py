@@ -20,10 +20,10 @@ import math
 
 import numpy as np
 
-from trainer_jax.report.grid import Grid
-from trainer_jax.report.growth import GROWTH_FOLD, mean_fold
-from trainer_jax.report.runs import EVAL_COLLAPSE, EVAL_COLLAPSE_SE, RunResult, nanmean, pooled_attribution
-from trainer_jax.report.tables import fmt
+from experiments.report.grid import Grid
+from experiments.report.growth import GROWTH_FOLD, mean_fold
+from experiments.report.runs import EVAL_COLLAPSE, EVAL_COLLAPSE_SE, RunResult, nanmean, pooled_attribution
+from experiments.report.tables import fmt
 
 REPRODUCED, NOT_REPRODUCED, NOT_OBSERVABLE = "reproduced", "not reproduced", "not observable here"
 CORRECTED = ("sc_mis", "sc_mis_topp")
@@ -290,7 +290,7 @@ def claims_section(grid: Grid) -> list[str]:
     lines = [
         "## The seed's four claims (issue 20)",
         "",
-        "Each verdict is computed from the runs above (`trainer_jax/report/seed_claims.py`): growth = slope of "
+        "Each verdict is computed from the runs above (`experiments/report/seed_claims.py`): growth = slope of "
         f"ln k3 per step > 2 standard errors with a >= {GROWTH_FOLD:g}x fitted rise over the run (fitted within sampler "
         "groups — one intercept per group, one slope — because a synchronous step's batch often comes from one or two "
         "groups and the step's overall k3 jumps ~100x with its make-up); collapse: the reward "

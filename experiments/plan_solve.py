@@ -36,7 +36,7 @@ LIMIT_KEYS: dict[str, str] = {
 }
 #: keys a limits file may carry beside the limits: provenance, printed or kept, never checked
 INFO_KEYS = ("source", "warning", "runs", "generated_by", "notes")
-DEFAULT_LIMITS = "plan_limits.yaml"  # package data of trainer_jax: precision-only limits
+DEFAULT_LIMITS = "plan_limits.yaml"  # package data of experiments: precision-only limits
 #: ``--limits NAME`` for the package's named alternatives
 NAMED_LIMITS = {"writeup": "plan_limits_writeup.yaml"}
 
@@ -65,8 +65,8 @@ def load_limits(path: str | Path | None = None) -> Limits:
     try:  # bounded, a regular file, no alias bomb (trainer_jax.config.yaml_safe)
         if path is None or str(path) in NAMED_LIMITS:
             name = DEFAULT_LIMITS if path is None else NAMED_LIMITS[str(path)]
-            where = f"trainer_jax/{name}" + (" (default)" if path is None else "")
-            text = resources.files("trainer_jax").joinpath(name).read_text()
+            where = f"experiments/{name}" + (" (default)" if path is None else "")
+            text = resources.files("experiments").joinpath(name).read_text()
         else:
             where = str(path)
             text = read_text(path, f"--limits {where}")

@@ -7,8 +7,8 @@ Reads the run's per-group measurements from ``metrics.jsonl`` (mean over the las
 steps): tokens/s per replica, tokens per sample, useful share (``group/<g>/useful_share`` where the
 run wrote it, else 1 - out-of-range - dropped share), k3, its growth over the run, out-of-range
 share, staleness and probe KL. Groups that break a stability limit (``--limits``; default the
-write-up's figures, ``trainer_jax/plan_limits.yaml``) get no replica; the rest get the replica
-counts maximising useful samples per hour within the budget (``trainer_jax.plan_solve.solve``:
+write-up's figures, ``experiments/plan_limits.yaml``) get no replica; the rest get the replica
+counts maximising useful samples per hour within the budget (``experiments.plan_solve.solve``:
 exact). Writes ``plan.yaml``: a ``groups:`` list of ``{name, accelerator, processes,
 price_per_hour}`` that ``mixrl-train --plan`` merges into a run config (``plan_overrides``) and
 ``mixrl-fleet up --plan`` applies; the other keys record how the plan was made.
@@ -30,9 +30,9 @@ from pathlib import Path
 import yaml
 from pydantic import Field, StrictInt, ValidationError
 
+from experiments.plan_solve import Item, Limits, PlanError, check_limits, load_limits, solve
 from trainer_jax.config.base import Strict
 from trainer_jax.config.yaml_safe import YamlError, read_yaml
-from trainer_jax.plan_solve import Item, Limits, PlanError, check_limits, load_limits, solve
 
 WINDOW = 0.5  # the share of the run's last RL steps the measurements average over
 
@@ -296,7 +296,7 @@ def plan_document(groups: dict[str, GroupMeasure], plan: Plan, budget: float, li
                    **{k: v for k, v in limits.values.items() if v is not None}},
         "excluded": plan.excluded,
         "unmeasured": plan.unmeasured,
-        "method": "exact: branch and bound over integer replica counts (trainer_jax.plan_solve)",
+        "method": "exact: branch and bound over integer replica counts (experiments.plan_solve)",
     }
 
 
@@ -436,7 +436,7 @@ def plan_main(argv: list[str]) -> int:
     p.add_argument("--config", help="the run's config: its groups' accelerator / price_per_hour and prices:")
     p.add_argument("--prices", help="price table (YAML/JSON: accelerator -> USD per replica-hour)")
     p.add_argument("--limits", help="stability limits YAML, or 'writeup' for the write-up's figures "
-                                    "(default: trainer_jax/plan_limits.yaml, probe KL and out-of-range "
+                                    "(default: experiments/plan_limits.yaml, probe KL and out-of-range "
                                     "share: what a precision adds)")
     p.add_argument("--min-rl-steps", type=int, default=50, metavar="N",
                    help="a group measured over fewer RL steps is not judged against the limits: "

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from trainer_jax.report import collapse_step, collect, group_attribution, write_report
-from trainer_jax.sweep import Cell, load_sweep, run_cell
+from experiments.report import collapse_step, collect, group_attribution, write_report
+from experiments.sweep import Cell, load_sweep, run_cell
 
 ROOT = Path(__file__).resolve().parents[2]
 ABLATION = ROOT / "configs" / "ablation.yaml"
@@ -78,7 +78,7 @@ def test_pools_differ_only_in_their_sampler_groups():
 
 
 def test_bad_sweep_file_fails_up_front(tmp_path):
-    from trainer_jax.sweep import SweepError
+    from experiments.sweep import SweepError
 
     bad = tmp_path / "s.yaml"
     bad.write_text(
@@ -90,7 +90,7 @@ def test_bad_sweep_file_fails_up_front(tmp_path):
 
 
 def test_shared_warm_start_is_one_for_every_seed(tmp_path):
-    from trainer_jax.sweep import SweepError, cells, warm_start_seeds
+    from experiments.sweep import SweepError, cells, warm_start_seeds
 
     base = (f"pools: {{mixed: {ROOT / 'configs/local_mixed.yaml'}}}\n"
             "conditions: {grpo: [objective.is_mode=none], mis: [objective.is_mode=mis]}\nseeds: [0, 1, 2]\n")
@@ -122,7 +122,7 @@ def test_shared_warm_start_is_one_for_every_seed(tmp_path):
 
 def test_learning_rate_pick_is_the_control_under_grpo_at_three_rates():
     """configs/ablation_decide_lr.yaml (issue 48): GRPO and SC + MIS cells differ only in the rate."""
-    from trainer_jax.sweep import warm_start_seeds
+    from experiments.sweep import warm_start_seeds
 
     spec = load_sweep(ROOT / "configs" / "ablation_decide_lr.yaml")
     assert list(spec.pools) == ["homogeneous"] and spec.seeds == [0, 1] and warm_start_seeds(spec) == [0]
@@ -140,8 +140,8 @@ def test_decision_grid_evaluates_every_pool_through_a_clean_bf16_group():
     """configs/ablation_decide.yaml (issue 48): 6 seeds from one warm start; every pool evaluates
     through an eval-only bf16 group with no dial; the pools differ only in their training groups;
     the dial pool rounds every training group's weights; the conditions are the issue's."""
+    from experiments.sweep import warm_start_seeds
     from trainer_jax.config import load_config
-    from trainer_jax.sweep import warm_start_seeds
 
     spec = load_sweep(ROOT / "configs" / "ablation_decide.yaml")
     assert len(spec.seeds) >= 6 and warm_start_seeds(spec) == [0]
@@ -346,7 +346,7 @@ def test_report_names_a_collapse_of_uncorrected_top_p(tmp_path):
 
 def test_report_without_drift_does_not_load_jax():
     # Only the drift analysis needs JAX; writing a report with_drift=False must not pay its import.
-    code = "import sys, trainer_jax.report; assert 'jax' not in sys.modules, 'jax imported'"
+    code = "import sys, experiments.report; assert 'jax' not in sys.modules, 'jax imported'"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
 
@@ -385,7 +385,7 @@ def test_quick_sweep_end_to_end(tmp_path):
 
 def test_a_sweep_file_is_read_with_the_configs_bounds(tmp_path):
     """An alias bomb or a duplicate key in a sweep file is one SweepError line, like a config's."""
-    from trainer_jax.sweep import SweepError
+    from experiments.sweep import SweepError
 
     bomb = tmp_path / "bomb.yaml"
     bomb.write_text("a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(

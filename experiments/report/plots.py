@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from trainer_jax.report.runs import RunResult, grid_order
+from experiments.report.runs import RunResult, grid_order
 
 CURVES = {  # file name: (metric, title, log scale)
     "reward": ("reward_mean", "training reward (mean)", False),

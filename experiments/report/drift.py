@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from trainer_jax.report.runs import RunResult
+from experiments.report.runs import RunResult
 
 
 def drift_gradients(run_dir: str | os.PathLike, *, advantage: float = 1.0) -> dict:

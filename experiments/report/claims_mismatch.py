@@ -11,9 +11,9 @@ import math
 
 import numpy as np
 
-from trainer_jax.report.grid import Grid
-from trainer_jax.report.runs import nanmean, pooled_attribution
-from trainer_jax.report.tables import fmt
+from experiments.report.grid import Grid
+from experiments.report.runs import nanmean, pooled_attribution
+from experiments.report.tables import fmt
 
 _CLAIM_5 = (
     "5. **Out-of-range tokens concentrate in the lowest-precision groups (seed: an FP8 group with "

@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from trainer_jax.report.intervals import (
+from experiments.report.intervals import (
     bootstrap_mean_interval,
     cell_outcome,
     compare,

@@ -10,7 +10,7 @@ import shlex
 import shutil
 from pathlib import Path
 
-from trainer_jax.report.summary import main as summary_main
+from experiments.report.summary import main as summary_main
 
 ROOT = Path(__file__).resolve().parents[2]
 BLOCK = re.compile(r"<!-- results:begin -->.*?<!-- results:end -->", re.S)
@@ -20,7 +20,7 @@ def _command() -> list[str]:
     lines = (ROOT / "docs" / "results.md").read_text().splitlines()
     line = next(x for x in lines if x.startswith("This document: `"))
     argv = shlex.split(line.removeprefix("This document: `").removesuffix("`"))
-    assert argv[:3] == ["python", "-m", "trainer_jax.report.summary"], argv
+    assert argv[:3] == ["python", "-m", "experiments.report.summary"], argv
     return argv[3:]
 
 

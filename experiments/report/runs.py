@@ -1,6 +1,6 @@
 """Reading a sweep's run directories: one ``RunResult`` per cell, and the numbers pooled over cells.
 
-Layout read: ``OUT/{pool}/{condition}/seed{N}/`` as written by ``trainer_jax.sweep`` (``metrics.jsonl``,
+Layout read: ``OUT/{pool}/{condition}/seed{N}/`` as written by ``experiments.sweep`` (``metrics.jsonl``,
 ``summary.json``, ``cell.json``).
 """
 
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
+from experiments.report.growth import NO_TREND, Trend, k3_trend
 from trainer_jax.diagnostics import CollapseAlarms, alarm_settle_steps, read_metrics
-from trainer_jax.report.growth import NO_TREND, Trend, k3_trend
 
 # Reward this close to 0 (moving average) after having been clearly above it counts as collapsed.
 REWARD_FLOOR = 0.02

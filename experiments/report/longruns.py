@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from trainer_jax.report.figures import run_phase
-from trainer_jax.report.runs import RunResult, nanmean
-from trainer_jax.report.tables import fmt
+from experiments.report.figures import run_phase
+from experiments.report.runs import RunResult, nanmean
+from experiments.report.tables import fmt
 
 
 def eval_path(r: RunResult) -> str:

@@ -17,11 +17,11 @@ import pytest
 import yaml
 from loop_configs import TINY_LOOP
 
+from experiments.plan import plan_main, plan_overrides
+from experiments.plan_solve import Item, PlanError, load_limits, solve
+from experiments.report.limits import limits_from
 from trainer_jax.cli import main as cli_main
 from trainer_jax.config import load_config
-from trainer_jax.plan import plan_main, plan_overrides
-from trainer_jax.plan_solve import Item, PlanError, load_limits, solve
-from trainer_jax.report.limits import limits_from
 
 ROOT = Path(__file__).parent.parent.parent
 TOK_PER_SAMPLE = 10  # every synthetic group: 50 samples and 500 policy tokens a step
@@ -130,10 +130,10 @@ def test_default_limits_judge_what_a_precision_adds(greedy_trap, tmp_path, capsy
     assert limits.values["max_out_of_range"] == 0.003 and "interim" in limits.source
     writeup = load_limits("writeup")
     assert writeup.values["max_k3_ratio"] == 4.7 and writeup.values["max_k3_growth"] == 2.0
-    assert writeup.path == "trainer_jax/plan_limits_writeup.yaml" and "write-up" in writeup.source
+    assert writeup.path == "experiments/plan_limits_writeup.yaml" and "write-up" in writeup.source
     assert plan_main([str(run), "--budget", "10", "--out", str(tmp_path / "p.yaml")]) == 0
     text = capsys.readouterr().out
-    assert "limits from trainer_jax/plan_limits.yaml (default): interim" in text
+    assert "limits from experiments/plan_limits.yaml (default): interim" in text
     # c's k3 is 50x the others' but k3 is not a precision-only quantity: c is planned (it is fast).
     doc = yaml.safe_load((tmp_path / "p.yaml").read_text())
     assert doc["excluded"] == {} and {g["name"]: g["processes"] for g in doc["groups"]}["c"] > 0
@@ -238,7 +238,7 @@ def test_dial_limits_from_the_committed_report(monkeypatch):
     committed = yaml.safe_load(Path("docs/results/limits_dial.yaml").read_text())
     doc = limits_from([Path("docs/results_dial.md")], committed["generated_by"])
     # The committed file is the generator's output on the committed report.
-    assert doc == committed, "docs/results_dial.md changed: rerun python -m trainer_jax.report.limits"
+    assert doc == committed, "docs/results_dial.md changed: rerun python -m experiments.report.limits"
     # SC + MIS stayed bounded up to sigma 1.0 (mean k3 0.156, out-of-range 3.2 %); sigma 3.0 had a
     # held-out collapse in seed 1.
     assert doc["max_k3"] == pytest.approx(0.156) and doc["max_out_of_range"] == pytest.approx(0.032)

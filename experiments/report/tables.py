@@ -10,8 +10,8 @@ import math
 import os
 from pathlib import Path
 
-from trainer_jax.report.grid import Grid
-from trainer_jax.report.runs import RunResult, mean_over_seeds, pooled_attribution
+from experiments.report.grid import Grid
+from experiments.report.runs import RunResult, mean_over_seeds, pooled_attribution
 
 
 def fmt(x: float | None, spec: str = ".3f") -> str:
