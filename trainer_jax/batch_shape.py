@@ -1,7 +1,7 @@
 """Does a step's batch fit the packer? The worst case of a config, checked before a run starts.
 
 A step takes ``train.prompts_per_step`` prompt groups of ``tasks.group_size`` samples. The packer
-(``trainer_jax.batching.pack``, called from ``Trainer._batch``) places them first-fit into
+(``trainer_jax.batching.pack``, called from ``loop.batches.BatchBuilder``) places them first-fit into
 ``train.rows`` rows of ``train.row_len`` tokens, with at most ``train.max_tokens`` policy tokens
 per step (the length of the token batch the objective sees):
 

@@ -148,7 +148,7 @@ class Calibrator:
     Call it from the thread that owns the model (the training thread), never concurrently with
     a step. Returns ``None`` (no calibration) before any token ids exist. ``collective(ids,
     segment_ids)``: over several JAX processes the forward is a collective; this hook announces it
-    to the other processes and returns the ids they all run on (``trainer_jax.train``).
+    to the other processes and returns the ids they all run on (``trainer_jax.loop.collectives``).
     """
 
     def __init__(self, model: Qwen3, tokens: int, *,

@@ -8,7 +8,7 @@ scored again by the new weights, which is what lets the trainer tell "serves the
 from "serves this one" (``mixrl_wire.probe.judge``).
 
 Runs in the thread that owns the model, between steps (like the calibration forward); over
-several JAX processes it is a collective every process joins (``trainer_jax.follower``). No hooks
+several JAX processes it is a collective every process joins (``trainer_jax.loop.collectives``). No hooks
 are active here: the forward runs unsharded-by-constraint on whatever placement the state has.
 """
 
