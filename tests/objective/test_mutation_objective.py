@@ -8,6 +8,7 @@ import math
 
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from trainer_jax.objective.metrics import reduce_metrics, sum_metrics, token_metrics
 
@@ -49,3 +50,20 @@ def test_masked_logsumexp_is_exact_away_from_zero_and_minus_inf_for_empty_rows()
     want = [np.logaddexp(3.0, 5.0), np.logaddexp(-40.0, -42.0)]
     np.testing.assert_allclose(got[:2], want, rtol=1e-6)
     assert got[2] == -np.inf  # no entry: -inf, not NaN
+
+
+@pytest.mark.parametrize("tau", [0.0, -1.0])
+def test_a_batch_whose_temperature_was_set_to_zero_after_create_is_refused_by_the_loss(tau):
+    """``TokenBatch.create`` refuses tau <= 0; a batch changed afterwards (``replace``, a direct
+    construction) is checked again where the loss divides the logits by tau: tau = 0 would give
+    inf logits and a NaN loss, so it is one clear error, as at ``create``."""
+    from trainer_jax.objective import ObjectiveConfig, TokenBatch, policy_loss
+
+    batch = TokenBatch.create(
+        token_ids=[1, 2], behavior_logprob=[-1.0, -1.0], head_ids=[[1], [2]],
+        head_logprobs=[[-1.0], [-1.0]], support_ids=[[-1], [-1]], support_logprobs=[[0.0], [0.0]],
+        advantages=[1.0, 1.0], loss_mask=[1.0, 1.0], seq_ids=[0, 0], temperature=1.0)
+    h, w = jnp.ones((2, 3)), jnp.ones((3, 4))
+    assert np.isfinite(float(policy_loss(h, w, batch, ObjectiveConfig())[0]))
+    with pytest.raises(ValueError, match=rf"^TokenBatch.temperature must be > 0, got {tau}$"):
+        policy_loss(h, w, batch.replace(temperature=tau), ObjectiveConfig())
