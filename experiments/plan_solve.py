@@ -21,6 +21,7 @@ from importlib import resources
 from pathlib import Path
 
 from trainer_jax.config.yaml_safe import YamlError, load_yaml, read_text, short
+from trainer_jax.plan_file import PlanError
 
 #: limit name -> (what it bounds, the measurement it is checked against)
 # The k3 keys measure trained samples: sampler vs the trainer's *current* policy, so they include
@@ -39,10 +40,6 @@ INFO_KEYS = ("source", "warning", "runs", "generated_by", "notes")
 DEFAULT_LIMITS = "plan_limits.yaml"  # package data of experiments: precision-only limits
 #: ``--limits NAME`` for the package's named alternatives
 NAMED_LIMITS = {"writeup": "plan_limits_writeup.yaml"}
-
-
-class PlanError(ValueError):
-    """Bad planner input (run dir, limits, prices, budget): one line, exit 2."""
 
 
 @dataclasses.dataclass

@@ -2,7 +2,7 @@
 
 The fleet runs the config's ``spawn: false`` groups (a ``spawn: true`` group is the trainer's own
 child processes; running it here too would double it). Replica counts are the groups'
-``processes`` (after a ``plan.yaml`` when one is given, ``trainer_jax.plan.plan_overrides``);
+``processes`` (after a ``plan.yaml`` when one is given, ``trainer_jax.plan_file.plan_overrides``);
 ``min_processes`` / ``max_processes`` bound the autoscaler. Ray-free and torch-free.
 """
 
@@ -77,7 +77,7 @@ def sampler_args(g: SamplerGroupConfig, episode_tokens: int) -> tuple[str, ...]:
 def load_fleet_config(config: str | Path, plan: str | Path | None = None,
                       overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
     """The run config with the plan's replica counts merged (``mixrl-train --plan``'s rule)."""
-    from experiments.plan import PlanError, plan_overrides
+    from trainer_jax.plan_file import PlanError, plan_overrides
 
     try:
         extra = plan_overrides(config, plan) if plan else []

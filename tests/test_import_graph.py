@@ -13,7 +13,9 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("trainer_jax", "sampler_torch", "envs", "convert", "fleet", "mixrl_wire")
+PACKAGES = ("trainer_jax", "sampler_torch", "envs", "convert", "fleet", "mixrl_wire", "experiments")
+#: the experiment tools (sweep, report, planner) sit above every other package: none imports them
+TOP = "experiments"
 MAX_LINES = 500
 # Known and still open.
 KNOWN_CIRCLES: list[set[str]] = []
@@ -115,6 +117,16 @@ def test_no_import_circle_between_files():
     assert not new, f"import circles: {[sorted(c) for c in new]}"
     fixed = [c for c in KNOWN_CIRCLES if c not in found]
     assert not fixed, f"fixed, remove from KNOWN_CIRCLES: {[sorted(c) for c in fixed]}"
+
+
+def test_nothing_imports_the_experiment_tools():
+    """``experiments`` reads run directories after the fact and may import the trainer; the trainer,
+    the samplers, the environments, the fleet, convert and the wire never import it, lazily or not."""
+    graph = import_graph()
+    assert any(m.startswith(f"{TOP}.") for m in graph)  # the graph holds the package's modules
+    found = sorted(f"{m} -> {t}" for m, targets in graph.items() if m.split(".")[0] != TOP
+                   for t in targets if t.split(".")[0] == TOP)
+    assert not found, f"imports of {TOP} from below it: {found}"
 
 
 def test_no_module_over_500_lines():

@@ -17,8 +17,9 @@ def _loaded_after(code: str) -> set[str]:
 def test_trainer_process_imports_neither_torch_nor_the_sampler():
     loaded = _loaded_after("import trainer_jax.cli, trainer_jax.train, trainer_jax.service.server")
     assert "jax" in loaded  # the probe really imported the trainer
-    # nor the fleet launcher and Ray (mixrl-fleet, fleet/: above the trainer, never in its process)
-    forbidden = {"torch", "sampler_torch", "fleet", "ray"}
+    # nor the fleet launcher and Ray (mixrl-fleet, fleet/: above the trainer, never in its process),
+    # nor the experiment tools (experiments/: above the trainer)
+    forbidden = {"torch", "sampler_torch", "fleet", "ray", "experiments"}
     assert not loaded & forbidden, loaded & forbidden
 
 
@@ -28,6 +29,19 @@ def test_schema_service_and_envs_load_no_jax_and_no_torch(module):
     loaded = _loaded_after(f"import {module}")
     assert module.split(".")[0] in loaded
     assert not loaded & {"jax", "flax", "optax", "torch", "sampler_torch"}, module
+
+
+def test_the_experiment_tools_load_no_torch():
+    """Every module of ``experiments`` (the sweep, the report, the planner, mixrl-train's dispatcher)
+    imports without torch or the samplers; the dispatcher alone loads no JAX, so the trainer's own
+    command lines start as they did before it."""
+    code = ("import importlib, pkgutil, experiments\n"
+            "for m in pkgutil.walk_packages(experiments.__path__, 'experiments.'):\n"
+            "    importlib.import_module(m.name)")
+    loaded = _loaded_after(code)
+    assert {"experiments", "trainer_jax"} <= loaded
+    assert not loaded & {"torch", "sampler_torch"}, loaded & {"torch", "sampler_torch"}
+    assert not _loaded_after("import experiments.cli") & {"jax", "torch", "trainer_jax"}
 
 
 def test_a_config_with_a_typo_in_a_recipe_fails_at_load():

@@ -3,9 +3,10 @@
     mixrl-train --config configs/local_mixed.yaml [--resume] [key=value ...]   train
     mixrl-train serve [--config C] [--listen HOST:PORT] [key=value ...]   the rollout service alone
     mixrl-train sft --config C --out HF_DIR [key=value ...]   the supervised warm start alone
-    mixrl-train plot RUN_DIR                                   PNG plots of a run's metrics
-    mixrl-train sweep SWEEP.yaml [--quick] [--out DIR] [--report-only]   the ablation grid + report
-    mixrl-train plan RUN_DIR --budget USD_PER_HOUR [--prices F] [--limits F] [--out plan.yaml]
+
+``mixrl-train plot``, ``sweep`` and ``plan`` are the experiment tools' (``experiments/cli.py``, the
+console script, which hands every other command line to ``main`` here unchanged); ``python -m
+trainer_jax.cli`` runs the trainer's alone.
 
 Overrides: ``key.sub=value`` (a YAML value) for any config key; ``'groups[NAME].key=value'``
 for the group named NAME (``groups[bf16].capacity=32``, ``groups[h100-fp8].spawn=false``).
@@ -29,6 +30,7 @@ PLANNED: dict[str, str] = {}
 
 
 def _main_parser() -> argparse.ArgumentParser:
+    # plot, sweep and plan are experiments.cli's, listed here because `mixrl-train --help` is this text.
     p = argparse.ArgumentParser(
         prog="mixrl-train",
         description="Train a policy from mixed-precision sampler groups. Without a subcommand, runs "
@@ -64,16 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     console = Console(soft_wrap=True)
     if argv and argv[0] == "serve":
         return serve_main(argv[1:])
-    if argv and argv[0] == "plot":
-        return plot_main(argv[1:])
     if argv and argv[0] == "sft":
         return sft_main(argv[1:])
-    if argv and argv[0] == "sweep":
-        return sweep_main(argv[1:])
-    if argv and argv[0] == "plan":  # experiments.plan: a sampler pool from a run's measurements
-        from experiments.plan import plan_main
-
-        return plan_main(argv[1:])
     if argv and argv[0] in PLANNED:
         sub = argparse.ArgumentParser(prog=f"mixrl-train {argv[0]}", description=PLANNED[argv[0]])
         sub.parse_known_args(argv[1:])  # --help works; anything else is not built yet
@@ -82,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _main_parser().parse_intermixed_args(argv)  # key=value before or after the flags
     overrides = list(args.overrides)
     if args.plan:  # the plan's groups first: key=value overrides still apply over them
-        from experiments.plan import PlanError, plan_overrides
+        from trainer_jax.plan_file import PlanError, plan_overrides
 
         try:
             overrides = plan_overrides(args.config, args.plan) + overrides
@@ -150,22 +144,6 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"[red]publish failed[/red] {err}")
     console.print(f"run dir: {summary['run_dir']} (summary.json, metrics.jsonl, tensorboard/, plots/, "
                   "checkpoints/, weights/, logs/)")
-    return 0
-
-
-def plot_main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="mixrl-train plot", description="Write plots/*.png for a run directory.")
-    p.add_argument("run_dir")
-    args = p.parse_args(argv)
-    from trainer_jax.diagnostics import plot_run
-
-    try:
-        paths = plot_run(args.run_dir)
-    except (FileNotFoundError, ValueError) as e:
-        print(f"mixrl-train plot: {e}", file=sys.stderr)
-        return 2
-    for path in paths:
-        print(path)
     return 0
 
 
@@ -300,87 +278,6 @@ def serve_main(argv: list[str]) -> int:
     print(f"mixrl-train serve: stopped; accepted {totals.get('accepted', 0)}, rejected "
           f"{totals.get('rejected', 0)}, groups dropped {status['dropped_groups']}", flush=True)
     return 0
-
-
-# ------------------------------------------------------------------------------------------------
-# `mixrl-train sweep`: the ablation grid (conditions x pools x seeds), one subprocess per cell,
-# then docs/results.md generated from the run directories.
-
-
-def sweep_main(argv: list[str]) -> int:
-    """Run a sweep file's grid (or its ``quick`` subset) and write the report."""
-    import shlex
-    import time
-    from pathlib import Path
-
-    p = argparse.ArgumentParser(
-        prog="mixrl-train sweep",
-        description="Run the ablation grid of a sweep file (each cell its own mixrl-train process; a "
-                    "failed cell is recorded, not fatal; finished cells are skipped on a rerun), then "
-                    "write the report (docs/results.md + docs/results/*.png) from the run directories.")
-    p.add_argument("sweep_file", help="sweep YAML, e.g. configs/ablation.yaml")
-    p.add_argument("--quick", action="store_true", help="the file's reduced `quick` grid (CI smoke test)")
-    p.add_argument("--out", help="directory of the runs (default: the file's `out`, or its quick.out)")
-    p.add_argument("--report-only", action="store_true", help="only (re)generate the report from --out")
-    p.add_argument("--report", default=None,
-                   help="markdown to write (default docs/results.md; docs/results_quick.md with --quick)")
-    p.add_argument("--no-report", action="store_true", help="run the grid, skip the report")
-    p.add_argument("--no-drift", action="store_true", help="skip the drift analysis in the report")
-    p.add_argument("--conditions", help="comma-separated subset of the conditions")
-    p.add_argument("--pools", help="comma-separated subset of the pools")
-    p.add_argument("--seeds", help="comma-separated seeds (overrides the file's)")
-    p.add_argument("overrides", nargs="*", metavar="key=value",
-                   help="extra overrides for every cell, after the file's (e.g. run.steps=8)")
-    # Intermixed: the key=value overrides may come after the options (argparse would reject them).
-    args = p.parse_intermixed_args(argv)
-
-    from experiments.sweep import SweepError, load_sweep, run_sweep
-
-    try:
-        spec = load_sweep(args.sweep_file).select(quick=args.quick)
-        for key, table in (("conditions", spec.conditions), ("pools", spec.pools)):
-            chosen = getattr(args, key)
-            if chosen:
-                names = [n.strip() for n in chosen.split(",") if n.strip()]
-                unknown = set(names) - set(table)
-                if unknown:
-                    raise SweepError(f"unknown {key}: {sorted(unknown)} (have {sorted(table)})")
-                setattr(spec, key, {n: table[n] for n in names})
-        if args.seeds:
-            spec.seeds = [int(x) for x in args.seeds.split(",")]
-        if args.overrides:
-            bad = [o for o in args.overrides if "=" not in o]
-            if bad:
-                raise SweepError(f"overrides must be key=value, got {bad}")
-            spec.overrides = spec.overrides + list(args.overrides)
-    except (SweepError, ValueError) as e:
-        print(f"mixrl-train sweep: {e}", file=sys.stderr)
-        return 2
-    out = Path(args.out) if args.out else spec.out
-    report = Path(args.report or ("docs/results_quick.md" if args.quick else "docs/results.md"))
-    failed = 0
-    if not args.report_only:
-        command = "mixrl-train sweep " + " ".join(shlex.quote(a) for a in argv)
-        t0 = time.perf_counter()
-        try:
-            manifest = run_sweep(spec, out, command=command, log=lambda m: print(m, flush=True))
-        except RuntimeError as e:  # the shared warm start failed: no cell can run
-            print(f"mixrl-train sweep: {e}", file=sys.stderr)
-            return 1
-        failed = sum(not c["ok"] for c in manifest["cells"])
-        print(f"mixrl-train sweep: {len(manifest['cells']) - failed}/{len(manifest['cells'])} cells ok in "
-              f"{time.perf_counter() - t0:.0f}s; runs in {out}", flush=True)
-    elif not out.exists():
-        print(f"mixrl-train sweep: --report-only: {out} does not exist", file=sys.stderr)
-        return 2
-    if not args.no_report:
-        from experiments.report import write_report
-
-        labels = spec.labels()
-        path = write_report(out, report, labels=labels, with_drift=not args.no_drift,
-                            log=lambda m: print(m, file=sys.stderr))
-        print(f"mixrl-train sweep: report {path}")
-    return 1 if failed else 0
 
 
 if __name__ == "__main__":

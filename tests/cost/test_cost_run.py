@@ -16,9 +16,9 @@ import pytest
 import yaml
 from loop_configs import TINY_LOOP
 
-from experiments.plan import plan_overrides
-from trainer_jax.cli import main as train_main
+from experiments.cli import main as train_main
 from trainer_jax.config import load_config
+from trainer_jax.plan_file import plan_overrides
 
 ROOT = Path(__file__).parent.parent.parent
 CONFIG = (TINY_LOOP

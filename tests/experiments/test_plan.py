@@ -17,11 +17,12 @@ import pytest
 import yaml
 from loop_configs import TINY_LOOP
 
-from experiments.plan import plan_main, plan_overrides
-from experiments.plan_solve import Item, PlanError, load_limits, solve
+from experiments.plan import plan_main
+from experiments.plan_solve import Item, load_limits, solve
 from experiments.report.limits import limits_from
 from trainer_jax.cli import main as cli_main
 from trainer_jax.config import load_config
+from trainer_jax.plan_file import PlanError, plan_overrides
 
 ROOT = Path(__file__).parent.parent.parent
 TOK_PER_SAMPLE = 10  # every synthetic group: 50 samples and 500 policy tokens a step
@@ -113,7 +114,7 @@ def test_min_and_max_replicas(greedy_trap, tmp_path, capsys):
 def test_cli_subcommand(greedy_trap, tmp_path):
     """`mixrl-train plan` through the console entry's module, as a process."""
     run, limits = greedy_trap
-    out = subprocess.run([sys.executable, "-m", "trainer_jax.cli", "plan", str(run), "--budget", "10",
+    out = subprocess.run([sys.executable, "-m", "experiments.cli", "plan", str(run), "--budget", "10",
                           "--limits", str(limits), "--out", str(tmp_path / "p.yaml")],
                          capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert out.returncode == 0, out.stderr

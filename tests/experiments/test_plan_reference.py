@@ -177,7 +177,8 @@ def test_plan_inputs_at_their_edges(tmp_path, capsys):
     no groups: list, a plan listing two groups twice (the first by name is named), ``--help``."""
     import json
 
-    from experiments.plan import PlanError, _from_summary, plan_main, plan_overrides, read_plan
+    from experiments.plan import _from_summary, plan_main
+    from trainer_jax.plan_file import PlanError, plan_overrides, read_plan
 
     (tmp_path / "summary.json").write_text(json.dumps({"cost": {"groups": {
         "a": {"accelerator": "L4", "price_per_hour": 1.0, "processes": 0},

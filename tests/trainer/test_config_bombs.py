@@ -20,10 +20,10 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from experiments.plan import PlanError, plan_overrides
 from trainer_jax.config import ConfigError, load_config
 from trainer_jax.config.checks import check_host_devices, host_gpus
 from trainer_jax.config.yaml_safe import MAX_ALIAS_EXPANSION, read_yaml, short
+from trainer_jax.plan_file import PlanError, plan_overrides
 
 BIN = Path(sys.executable).parent
 ROOT = Path(__file__).parent.parent.parent

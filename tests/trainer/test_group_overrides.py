@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from experiments.plan import plan_overrides
 from fleet.spec import FleetError, fleet_groups, load_fleet_config
 from trainer_jax.config import ConfigError, load_config
 from trainer_jax.config.overrides import ByName, parse_key
+from trainer_jax.plan_file import plan_overrides
 from trainer_jax.samplers import sampler_command
 
 CONFIG = """\
