@@ -67,3 +67,28 @@ def test_a_batch_whose_temperature_was_set_to_zero_after_create_is_refused_by_th
     assert np.isfinite(float(policy_loss(h, w, batch, ObjectiveConfig())[0]))
     with pytest.raises(ValueError, match=rf"^TokenBatch.temperature must be > 0, got {tau}$"):
         policy_loss(h, w, batch.replace(temperature=tau), ObjectiveConfig())
+
+
+@pytest.mark.parametrize(("c_min", "c_max"), [(0.25, 4.0), (0.5, 2.0), (0.0, 8.0)])
+def test_mis_centering_tail_indicator_is_the_docstring_rule_at_its_bounds(c_min, c_max):
+    """``centering_mis``'s tail factor alpha = 1[c_min <= 1/rho <= c_max] (0 at rho = 0), against
+    that rule in exact fractions, on rho exactly at 1/c_max and 1/c_min (both inclusive, as the
+    head's ``_in_range`` is) and around them. The head term is switched off (r above c_max), so
+    the coefficient is -alpha p."""
+    from fractions import Fraction
+
+    from trainer_jax.objective.weights import centering_mis
+
+    grid = {0.0, 0.0625, 0.125, 0.25, 0.375, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 16.0}
+    rho = np.array(sorted(grid | {1.0 / c_max} | ({1.0 / c_min} if c_min > 0 else set())), np.float32)
+    p = np.full_like(rho, 0.5)
+    r = np.full_like(rho, 100.0)  # p / b: above every c_max here
+    coef = np.asarray(centering_mis(jnp.asarray(p), jnp.asarray(p / r), jnp.asarray(r), jnp.asarray(rho),
+                                    c_min, c_max))
+
+    def alpha(x: float) -> int:
+        x = Fraction(x)
+        return int(x > 0 and Fraction(c_min) <= 1 / x <= Fraction(c_max))
+
+    want = [-0.5 * alpha(float(x)) for x in rho]
+    assert coef.tolist() == want, list(zip(rho.tolist(), coef.tolist(), want, strict=True))
