@@ -107,7 +107,7 @@ def test_the_trainer_judges_honest_reports_ok_and_echoes_not(run):
     root, probes = run
     svc = make_service()
     try:
-        for version in (0, 1):  # as Trainer._on_published: the publisher's probe, with its log p
+        for version in (0, 1):  # as the publish stage announces a version: its probe, with its log p
             svc.publish_version(version, {"bf16": str(_dir(root, version))}, probe=probes[version])
         honest, echo = client(svc, name="honest"), client(svc, name="echo")
         for version in (0, 1):
