@@ -101,9 +101,9 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
     # issue 46: the decision functions named there, each with its reference test first
     # not test_cli_subcommand (a fresh interpreter per run, 120 s limit: timed out unmutated at a
     # load of 40) nor the dial-limits report test (reads the committed report, not the solver)
-    "plan": (["trainer_jax/plan_solve.py", "trainer_jax/plan.py"],
-             ["tests/cost/test_plan_reference.py"]
-             + [f"tests/cost/test_plan.py::test_{t}" for t in (
+    "plan": (["experiments/plan_solve.py", "experiments/plan.py", "trainer_jax/plan_file.py"],
+             ["tests/experiments/test_plan_reference.py"]
+             + [f"tests/experiments/test_plan.py::test_{t}" for t in (
                  "plan_finds_the_optimum_greedy_misses", "min_and_max_replicas",
                  "default_limits_are_the_write_ups", "solver_is_exact_against_brute_force",
                  "bad_input_is_one_line_and_exit_2", "plan_merges_into_a_run_config")]),

@@ -271,6 +271,15 @@ def dial_sigma(cell: dict) -> float:
 
 
 ARCHIVED_METRICS = "metrics.jsonl.gz"
+# The report's module commands as an archived sweep.json may have recorded them: the package moved
+# from trainer_jax.report to experiments.report (issue 47).
+_OLD_MODULE = re.compile(r"(-m\s+)trainer_jax\.report\.")
+
+
+def current_command(command: str) -> str:
+    """A recorded command as it runs today: ``python -m trainer_jax.report.X`` becomes ``python -m
+    experiments.report.X``. The archive keeps what was run; a report prints what to run."""
+    return _OLD_MODULE.sub(r"\1experiments.report.", command)
 
 
 def run_metrics(run_dir: Path) -> list[dict]:

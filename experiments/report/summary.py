@@ -40,7 +40,7 @@ from experiments.report.grid import Grid
 from experiments.report.growth import mean_fold
 from experiments.report.longruns import runs_section
 from experiments.report.plots import plot_curves, plot_group_oor, plot_phase
-from experiments.report.runs import REWARD_FLOOR, RunResult, collect, nanmean
+from experiments.report.runs import REWARD_FLOOR, RunResult, collect, current_command, nanmean
 from experiments.report.seed_claims import (
     claims_section,
     collapse_summary,
@@ -263,7 +263,7 @@ def render_summary(sweeps: list[SweepRuns], doc: Path, figures: dict[str, Path],
     for s in sweeps:
         ok = [r for r in s.results if r.ok]
         steps = sorted({r.steps for r in ok})
-        cmd = (s.manifest or {}).get("command") or s.command or f"mixrl-train sweep {s.sweep_file}"
+        cmd = current_command((s.manifest or {}).get("command") or s.command or f"mixrl-train sweep {s.sweep_file}")
         lines += [
             f"### {s.name}" + (f" ({s.note or 'probe'}: not in the claims below)" if s.probe else "")
             + (f" — [{_rel(s.report, doc)}]({_rel(s.report, doc)})" if s.report else ""),

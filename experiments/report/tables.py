@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 from experiments.report.grid import Grid
-from experiments.report.runs import RunResult, mean_over_seeds, pooled_attribution
+from experiments.report.runs import RunResult, current_command, mean_over_seeds, pooled_attribution
 
 
 def fmt(x: float | None, spec: str = ".3f") -> str:
@@ -33,7 +33,7 @@ def provenance_section(grid: Grid, sweep: dict | None) -> list[str]:
         lines += [
             "## How this was produced",
             "",
-            f"- command: `{sweep.get('command') or 'mixrl-train sweep ' + sweep.get('sweep_file', '?')}`",
+            f"- command: `{current_command(sweep.get('command') or 'mixrl-train sweep ' + sweep.get('sweep_file', '?'))}`",
             # The manifest's total counts every invocation, cells later discarded and rerun included;
             # what the grid itself costs is the sum of its cells.
             f"- run time of the grid: {fmt(cell_s, '.0f')} s ({fmt(cell_s / 60, '.0f')} min) summed over its "

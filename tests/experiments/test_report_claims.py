@@ -208,6 +208,25 @@ def test_finish_command_drops_the_subset():
     assert finish_command(cmd) == "mixrl-train sweep configs/ablation_sync.yaml --out runs/a run.steps=24"
 
 
+def test_an_archived_command_is_printed_as_it_runs_now(tmp_path):
+    """A sweep.json keeps the command as it ran (history); the reports print the command to run
+    today: the report's modules moved from trainer_jax.report to experiments.report (issue 47)."""
+    from experiments.report import write_report
+
+    old = ("nice -n 19 mixrl-train sweep configs/ablation_dial.yaml --no-report (in progress: resumable; "
+           "python -m trainer_jax.report.archive --restore docs/results_dial runs/ablation_dial continues it)")
+    root = tmp_path / "dial"
+    _dial(root)
+    (root / "sweep.json").write_text(json.dumps({"command": old, "sweep_file": "configs/ablation_dial.yaml",
+                                                 "out": str(root), "seeds": [0]}))
+    report = write_report(root, tmp_path / "docs" / "results_dial.md", labels=LABELS, with_drift=False)
+    summary = write_summary([load_sweep_runs("dial grid", None, root, None)], tmp_path / "docs" / "results.md")
+    new = old.replace("-m trainer_jax.report.archive", "-m experiments.report.archive")
+    for text in (report.read_text(), summary.read_text()):
+        assert f"command: `{new}`" in text and "trainer_jax.report" not in text
+    assert json.loads((root / "sweep.json").read_text())["command"] == old  # the record stays as it was
+
+
 def test_held_out_collapse_counts_without_a_reward_collapse(tmp_path):
     # Rewards of a few hundredths (chain's partial credit) never clear the reward floor; held-out
     # pass@1 falling from 0.2 to 0.05 is a collapse all the same, seen at the end of the run.

@@ -19,7 +19,7 @@ def test_help(script):
 
 
 def test_sweep_missing_file_is_a_clear_error():
-    # `sweep` was the last planned subcommand; it now exists (tests/trainer/test_sweep.py).
+    # `sweep` was the last planned subcommand; it now exists (tests/experiments/test_sweep.py).
     out = subprocess.run([BIN / "mixrl-train", "sweep", "configs/x.yaml"], capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 2 and "does not exist" in out.stderr

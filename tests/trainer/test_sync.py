@@ -2,7 +2,7 @@
 
 A real service on loopback and a real client; trajectories are synthetic but valid
 (tests/service/fakes.py). The end-to-end run (staleness 0 in the metrics) is the sync cell of the
-quick sweep in tests/trainer/test_sweep.py.
+quick sweep in tests/experiments/test_sweep.py.
 """
 
 from __future__ import annotations
