@@ -80,6 +80,10 @@ def test_a_worker_that_stops_reading_cannot_hold_score_past_the_calls_timeout(tm
     assert (stuck.reward, stuck.reason, stuck.timed_out) == (0.0, "timeout", True), stuck
     assert stuck.error.endswith(" s (worker killed)"), stuck
     assert 1.0 <= took < 10.0, took  # the 1 s deadline, the write included, + the kill (load: margin)
+    # the error names the time the call took (from its start: at least the deadline, at most the
+    # whole score()), not a clock reading
+    waited = float(stuck.error.removeprefix("timeout after ").split()[0])
+    assert 1.0 <= waited <= took + 0.1, (waited, took)
     assert (after.reward, after.error) == (0.25, None), after
 
 
@@ -153,3 +157,39 @@ def test_the_pool_refuses_a_request_over_the_limit_without_sending_it():
     assert (over.reward, over.reason, over.timed_out) == (0.0, "too_large", False), over
     assert "MAX_REQUEST_BYTES" in over.error and "not sent" in over.error, over
     assert (after.reward, after.error) == (1.0, None), after
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_killed_while_a_request_is_written_scores_worker_died_at_once(tmp_path, monkeypatch):
+    """The worker dies with most of an 8 MiB request unwritten (it had stopped reading; then it is
+    killed): the pool's next write fails (EPIPE), it stops writing and reads the worker's end of
+    file: ``worker_died`` at once, not a ``timeout`` at the call's deadline (20 s here) spent
+    retrying the write."""
+    import signal
+    import threading
+
+    monkeypatch.syspath_prepend(str(HERE))
+    trigger = tmp_path / "stall"
+    monkeypatch.setenv("STALL_TRIGGER", str(trigger))
+    pool = RewardPool("stalling_reward:reward", workers=1, timeout_s=20)
+    try:
+        pool.check()
+        (worker,) = pool._all
+        trigger.touch()
+        deadline = time.monotonic() + 20
+        while not Path(f"{trigger}.stalled").exists():
+            assert time.monotonic() < deadline, "the worker never stalled"
+            time.sleep(0.01)
+        killer = threading.Timer(1.0, os.kill, (worker.proc.pid, signal.SIGKILL))
+        killer.start()
+        t0 = time.monotonic()
+        died = pool.score(completion="x" * (8 << 20), answer="a", prompt="", task={"r": 0.75})
+        took = time.monotonic() - t0
+        killer.join()
+        after = pool.score(completion="a", answer="a", prompt="", task={"r": 0.25})
+    finally:
+        pool.close()
+    assert (died.reward, died.reason, died.timed_out) == (0.0, "worker_died", False), died
+    assert "exited (code -9)" in died.error, died
+    assert took < 15.0, took  # the kill after 1 s, then the end of file (the deadline is 20 s)
+    assert (after.reward, after.error) == (0.25, None), after  # a new worker serves
