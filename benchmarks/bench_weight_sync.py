@@ -174,19 +174,31 @@ def _s3_summary(stats: dict, full_b: int) -> dict:
         "runs": {k: stats[k] for k in ("s3_fetch_full", "s3_fetch_delta_apply")}}}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_step_args(ap: argparse.ArgumentParser, *, layers: int = 28, batch: int = 2, seq: int = 128) -> None:
+    """The model shape and the AdamW step ``one_adamw_step`` reads (Qwen3-0.6B's widths)."""
     ap.add_argument("--vocab", type=int, default=151936)
     ap.add_argument("--hidden", type=int, default=1024)
     ap.add_argument("--intermediate", type=int, default=3072)
-    ap.add_argument("--layers", type=int, default=28)
+    ap.add_argument("--layers", type=int, default=layers)
     ap.add_argument("--heads", type=int, default=16)
     ap.add_argument("--kv-heads", type=int, default=8)
     ap.add_argument("--head-dim", type=int, default=128)
-    ap.add_argument("--batch", type=int, default=2)
-    ap.add_argument("--seq", type=int, default=128)
+    ap.add_argument("--batch", type=int, default=batch)
+    ap.add_argument("--seq", type=int, default=seq)
     ap.add_argument("--lr", type=float, default=1e-6)
     ap.add_argument("--weight-decay", type=float, default=0.0)
+
+
+def shape_of(args) -> dict:
+    """The model shape as the JSON records it."""
+    return {"vocab": args.vocab, "hidden": args.hidden, "intermediate": args.intermediate,
+            "layers": args.layers, "heads": args.heads, "kv_heads": args.kv_heads,
+            "head_dim": args.head_dim}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_step_args(ap)
     ap.add_argument("--formats", nargs="+", default=FORMATS)
     ap.add_argument("--bandwidth-gbps", type=float, default=100.0,
                     help="network bandwidth of the projection, gigabits/s (default 100)")
@@ -306,9 +318,7 @@ def _run(args, work: Path) -> None:
     out = {
         "benchmark": "bench_weight_sync",
         "command": " ".join(["python", "benchmarks/bench_weight_sync.py", *sys.argv[1:]]),
-        "model": {"shape": {"vocab": args.vocab, "hidden": args.hidden, "intermediate": args.intermediate,
-                            "layers": args.layers, "heads": args.heads, "kv_heads": args.kv_heads,
-                            "head_dim": args.head_dim}, **info},
+        "model": {"shape": shape_of(args), **info},
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                     "load_avg_1m": round(os.getloadavg()[0], 2)},
         "delta_version": DELTA_VERSION, "repeats": args.repeats,

@@ -4,9 +4,11 @@ One RL step moves few stored values (a bf16 weight changes when the update cross
 boundary; a quantized code far more rarely), so version v+1 of a format is written as a delta
 against version v of the same format. ``vNNNNNNNN/{format}/`` then holds::
 
-    delta.json     {"delta_version": 2, "format", "version", "base", "depth", "piece_bytes",
+    delta.json     {"delta_version": 3, "format", "version", "base", "depth", "piece_bytes",
                     "manifest": <the manifest.json text of the full export>,
-                    "files": {rel: {"op": "same" | "xor" | "full", "blob": "blobs/00003.zst"}}}
+                    "base_manifest_sha256": <sha256 of the base's manifest.json bytes>,
+                    "files": {rel: {"op": "same" | "xor" | "full", "blob": "blobs/00003.zst",
+                                    "tensors": {name: {"changed": n, "sha256": <hex>}}}}}
     blobs/*.zst    one zstd stream per changed file
 
 - ``same``: the file's sha256 equals the base's (config, tokenizer, unchanged shards);
@@ -15,8 +17,14 @@ against version v of the same format. ``vNNNNNNNN/{format}/`` then holds::
   then zstd with its checksum (``convert.delta_codec``). Weights and scales alike;
 - ``full``: any other changed file, zstd-compressed whole.
 
-``delta_version`` 1 (a bitmask of the changed elements instead of their indices) is refused by
-name; a sampler holding such a chain falls back to the newest full snapshot.
+``tensors`` (``xor`` entries, version 3) lists every tensor of the file with changed elements:
+how many, and the sha256 of its changes (``convert.delta_codec.ChangeDigest``: each changed
+element's index and new bytes). With ``base_manifest_sha256`` naming the exact base, a sampler
+can apply a delta straight into the weights it serves and verify only what changed
+(``sampler_torch.engine.reload_delta``), never materializing the version. ``delta_version`` 2
+(the same without these records) is still read and materialized; 1 (a bitmask of the changed
+elements instead of their indices) is refused by name, and a sampler holding such a chain falls
+back to the newest full snapshot.
 
 ``manifest`` is the full export's ``manifest.json`` text verbatim, so the materialized directory
 is byte-identical to a full publish of the same weights and a sampler verifies the files it will
@@ -27,6 +35,7 @@ full snapshot (the publisher writes a full one every ``full_every`` versions).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -40,6 +49,7 @@ import numpy as np
 from convert.delta_codec import (
     MAX_PIECE_BYTES,
     PIECE_BYTES,
+    ChangeDigest,
     DeltaError,
     Digest,
     decompress_file,
@@ -47,6 +57,7 @@ from convert.delta_codec import (
     layout,
     pieces,
     read_exact,
+    region_names,
     sha256_of,
     xor_file,
 )
@@ -58,7 +69,8 @@ __all__ = ["DELTA_NAME", "DeltaError", "apply_chain", "apply_delta", "delta_hint
            "materialize"]
 
 DELTA_NAME = "delta.json"
-DELTA_VERSION = 2
+DELTA_VERSION = 3
+READ_VERSIONS = (2, 3)
 _LEVEL = 3
 
 
@@ -87,9 +99,10 @@ def encode_delta(new_dir: str | os.PathLike, base_dir: str | os.PathLike, out_di
     manifest_text = (new_dir / MANIFEST_NAME).read_text()
     new_manifest = json.loads(manifest_text)
     try:
-        base_manifest = json.loads((base_dir / MANIFEST_NAME).read_text())
+        base_bytes = (base_dir / MANIFEST_NAME).read_bytes()
+        base_manifest = json.loads(base_bytes)
     except (OSError, ValueError):
-        base_manifest = {}
+        base_bytes, base_manifest = None, {}
     (out_dir / "blobs").mkdir(parents=True, exist_ok=True)
     cctx = zstd.ZstdCompressor(level=_LEVEL, write_checksum=True)
     files: dict[str, dict] = {}
@@ -104,21 +117,32 @@ def encode_delta(new_dir: str | os.PathLike, base_dir: str | os.PathLike, out_di
         base_layout = layout(base) if base.is_file() else None
         xor = (new_layout is not None and new_layout == base_layout
                and base.stat().st_size == (new_dir / rel).stat().st_size)
+        changed: dict[str, dict] = {}
         with open(out_dir / blob, "wb") as out, cctx.stream_writer(out, closefd=False) as w:
             if xor:
+                names = region_names(new_layout[0])
                 with open(new_dir / rel, "rb") as fn, open(base, "rb") as fb:
-                    for off, n, k in pieces(new_layout[1], PIECE_BYTES):
-                        fn.seek(off)
-                        fb.seek(off)
-                        w.write(encode_piece(np.frombuffer(read_exact(fn, n, rel), np.uint8),
-                                             np.frombuffer(read_exact(fb, n, rel), np.uint8), k))
+                    for begin, end, size in new_layout[1]:
+                        name = names.get(begin)
+                        digest = ChangeDigest() if name is not None else None
+                        for off, n, k in pieces([(begin, end, size)], PIECE_BYTES):
+                            fn.seek(off)
+                            fb.seek(off)
+                            w.write(encode_piece(np.frombuffer(read_exact(fn, n, rel), np.uint8),
+                                                 np.frombuffer(read_exact(fb, n, rel), np.uint8), k,
+                                                 digest, (off - begin) // k))
+                        if digest is not None and digest.count:
+                            changed[name] = {"changed": digest.count, "sha256": digest.hexdigest()}
             else:
                 with open(new_dir / rel, "rb") as fn:
                     shutil.copyfileobj(fn, w, PIECE_BYTES)
-        files[rel] = {"op": "xor" if xor else "full", "blob": blob}
+        files[rel] = {"op": "xor" if xor else "full", "blob": blob,
+                      **({"tensors": changed} if xor else {})}
     meta = {"delta_version": DELTA_VERSION, "format": new_manifest.get("format"), "version": version,
             "base": base_version, "depth": depth, "piece_bytes": PIECE_BYTES,
-            "manifest": manifest_text, "files": files}
+            "manifest": manifest_text,
+            "base_manifest_sha256": None if base_bytes is None else hashlib.sha256(base_bytes).hexdigest(),
+            "files": files}
     (out_dir / DELTA_NAME).write_text(json.dumps(meta, indent=1) + "\n")
     return sum(p.stat().st_size for p in out_dir.rglob("*") if p.is_file())
 
@@ -133,9 +157,9 @@ def parse_delta(text: str, where: str) -> dict:
         got = meta.get("delta_version")
         if got == 1:
             raise ValueError("delta_version 1 (the bitmask encoding of older mixrl) is no longer read; "
-                             f"this reader takes {DELTA_VERSION}: materialize from a full snapshot")
-        if got != DELTA_VERSION:
-            raise ValueError(f"delta_version {got!r}, expected {DELTA_VERSION}")
+                             f"this reader takes {list(READ_VERSIONS)}: materialize from a full snapshot")
+        if got not in READ_VERSIONS:
+            raise ValueError(f"delta_version {got!r}, expected one of {list(READ_VERSIONS)}")
         int(meta["version"]), int(meta["base"]), int(meta["depth"])
         if not 1 <= int(meta["piece_bytes"]) <= MAX_PIECE_BYTES:
             raise ValueError(f"piece_bytes {meta['piece_bytes']} out of range")
@@ -146,6 +170,13 @@ def parse_delta(text: str, where: str) -> dict:
                 raise ValueError(f"bad entry for {rel!r}")
             if entry["op"] != "same":
                 check_relative(entry["blob"])
+            for name, rec in entry.get("tensors", {}).items():
+                if not (isinstance(name, str) and int(rec["changed"]) > 0
+                        and isinstance(rec["sha256"], str)):
+                    raise ValueError(f"bad change record of {name!r} in {rel!r}")
+        base_sha = meta.get("base_manifest_sha256")
+        if base_sha is not None and not isinstance(base_sha, str):
+            raise ValueError("base_manifest_sha256 is not a hex string")
     except (ValueError, KeyError, TypeError, AttributeError, ManifestError) as e:
         raise DeltaError(f"{where}: malformed {DELTA_NAME} ({e})") from None
     return meta

@@ -126,11 +126,16 @@ def _unplanes(raw: np.ndarray, dtype: np.dtype) -> np.ndarray:
     return out
 
 
-def encode_piece(new: np.ndarray, base: np.ndarray, k: int) -> bytes:
-    """The encoded changes taking the bytes ``base`` to ``new`` (one piece of ``k``-byte elements)."""
+def encode_piece(new: np.ndarray, base: np.ndarray, k: int, digest: ChangeDigest | None = None,
+                 first: int = 0) -> bytes:
+    """The encoded changes taking the bytes ``base`` to ``new`` (one piece of ``k``-byte elements);
+    ``digest`` (of the tensor the piece lies in, whose element ``first`` it starts at) is fed
+    the changes."""
     dt = _element(k)
     n, b = new.view(dt), base.view(dt)
     idx = np.flatnonzero(n != b)
+    if digest is not None:
+        digest.update(idx + first, n[idx])
     gaps = np.diff(idx, prepend=0)
     top = int(gaps.max()) if gaps.size else 0
     w = next(w for w in _GAP_WIDTHS if top < 1 << (8 * w))
@@ -138,22 +143,72 @@ def encode_piece(new: np.ndarray, base: np.ndarray, k: int) -> bytes:
             + _planes(n[idx] ^ b[idx]))
 
 
-def xor_piece(stream, buf: np.ndarray, k: int, what: str) -> None:
-    """Apply one piece's changes read from ``stream`` to the bytes ``buf``, in place."""
+def read_piece(stream, nbytes: int, k: int, what: str) -> tuple[np.ndarray, np.ndarray] | None:
+    """One piece's changes from ``stream`` (a piece of ``nbytes`` bytes of ``k``-byte elements):
+    the indices of the changed elements (ascending, int32 in any piece up to 2**31 elements) and
+    their XOR against the base (as ``_element(k)`` values); ``None`` when none changed."""
     dt = _element(k)
-    nel = buf.size // dt.itemsize
+    nel = nbytes // dt.itemsize
     nnz, w = struct.unpack("<IB", read_exact(stream, 5, what))
     if nnz > nel or w not in _GAP_WIDTHS:
         raise DeltaError(f"{what}: corrupt ({nnz} changes of gap width {w} in a piece of {nel} elements)")
     if not nnz:
-        return
+        return None
     raw = np.frombuffer(read_exact(stream, nnz * (w + dt.itemsize), what), np.uint8)
-    idx = _unplanes(raw[:nnz * w], np.dtype(f"<u{w}")).astype(np.int64)
+    gaps = _unplanes(raw[:nnz * w], np.dtype(f"<u{w}"))
+    last = int(gaps.sum(dtype=np.int64))
+    if last >= nel:
+        raise DeltaError(f"{what}: corrupt (element {last} of a piece of {nel})")
+    # int32 indices (a piece holds fewer than 2**31 elements: MAX_PIECE_BYTES), half the memory
+    # of int64 ones; the checked sum above rules out a wrap
+    idx = gaps.astype(np.int32 if nel <= 2 ** 31 else np.int64)
     np.cumsum(idx, out=idx)  # in place: a casting cumsum costs twice as much
-    if idx[-1] >= nel:
-        raise DeltaError(f"{what}: corrupt (element {idx[-1]} of a piece of {nel})")
-    e = buf.view(dt)
-    e[idx] ^= _unplanes(raw[nnz * w:], dt)
+    return idx, _unplanes(raw[nnz * w:], dt)
+
+
+def xor_piece(stream, buf: np.ndarray, k: int, what: str) -> None:
+    """Apply one piece's changes read from ``stream`` to the bytes ``buf``, in place."""
+    changes = read_piece(stream, buf.size, k, what)
+    if changes is not None:
+        buf.view(_element(k))[changes[0]] ^= changes[1]
+
+
+class ChangeDigest:
+    """The sha256 of one tensor's changes in a delta (``delta_version`` 3): over the changed
+    elements in ascending order, each as its index in the tensor (uint64, little-endian)
+    followed by its new bytes as stored. Fed piece by piece, in order; the same digest whatever
+    the pieces. It proves the changed elements and their new values without the rest of the
+    tensor: with the base's bytes proven (the version served), base + these changes is the
+    trainer's new tensor."""
+
+    def __init__(self):
+        self._h = hashlib.sha256()
+        self.count = 0
+
+    def update(self, idx: np.ndarray, new: np.ndarray) -> None:
+        """``idx``: element indices in the tensor (ascending, after those of earlier calls);
+        ``new``: their new values (any dtype of the element's size)."""
+        n = int(idx.size)
+        if not n:
+            return
+        k = new.dtype.itemsize
+        rec = np.empty((n, 8 + k), np.uint8)
+        rec[:, :8] = np.ascontiguousarray(idx, "<u8").view(np.uint8).reshape(n, 8)
+        rec[:, 8:] = np.ascontiguousarray(new).view(np.uint8).reshape(n, k)
+        self._h.update(rec)
+        self.count += n
+
+    def hexdigest(self) -> str:
+        return self._h.hexdigest()
+
+
+def region_names(header: bytes) -> dict[int, str]:
+    """``{absolute offset of a tensor's data: name}`` for the safetensors ``header`` bytes that
+    ``layout`` returns (length prefix included): which region of ``layout`` is which tensor."""
+    start = len(header)
+    entries = json.loads(header[8:])
+    return {start + int(e["data_offsets"][0]): name for name, e in entries.items()
+            if name != "__metadata__" and int(e["data_offsets"][1]) > int(e["data_offsets"][0])}
 
 
 def read_exact(f, n: int, what: str, into: memoryview | None = None) -> memoryview:

@@ -223,13 +223,14 @@ def export_hf(tensors: Tensors, hf_config: Mapping, out_dir: str | os.PathLike, 
              **dict(extra_json or {})}
     out_dir = Path(out_dir)
     started = time.time()
-    # Shards are hashed while they are written (write_file feeds a hasher on a second thread):
-    # sha256 runs at ~1 GB/s per core, so a separate pass would cost as much as the write.
-    digests: list[str] = []
+    # Shards are hashed while they are written (write_file feeds a hasher on a second thread and
+    # the per-tensor hashes of the manifest on a third): sha256 runs at ~1 GB/s per core, so a
+    # separate pass would cost as much as the write.
+    digests: list[tuple[str, dict[str, str]]] = []
     with atomic_directory(out_dir, overwrite=overwrite) as stage:
 
-        def hash_shard(part: Path, sha256: str) -> None:
-            digests.append(sha256)
+        def hash_shard(part: Path, sha256: str, tensor_sha256: dict[str, str]) -> None:
+            digests.append((sha256, tensor_sha256))
 
         stream = convert_tensors(tensors, cfg, codec, kv_scales=kv_scales, input_amax=input_amax,
                                  progress=progress, kept=kept)
@@ -242,13 +243,15 @@ def export_hf(tensors: Tensors, hf_config: Mapping, out_dir: str | os.PathLike, 
                                 overwrite=True, on_shard=hash_shard)
         finally:
             fetched.close()  # on error: stop the producer thread now, not at garbage collection
-        known = {shard_name(i + 1, len(digests)): d for i, d in enumerate(digests)}
+        known = {shard_name(i + 1, len(digests)): d for i, (d, _) in enumerate(digests)}
+        known_tensors = {shard_name(i + 1, len(digests)): t for i, (_, t) in enumerate(digests)}
         if kept:  # why each bf16 projection is there, for people reading the manifest
             metadata = {**dict(metadata or {}), "kept_bf16": dict(kept)}
         if layout != "native":
             metadata = {**dict(metadata or {}), "layout": layout}
-        write_manifest(stage, known=known, format=codec.name, model_type=cfg.model_type,
-                       created_unix=round(started, 3), **dict(metadata or {}))
+        write_manifest(stage, known=known, known_tensors=known_tensors, format=codec.name,
+                       model_type=cfg.model_type, created_unix=round(started, 3),
+                       **dict(metadata or {}))
     return out_dir
 
 

@@ -103,6 +103,11 @@ class HFCheckpoint:
     def get(self, name: str) -> np.ndarray:
         return self._file(name).get(name)
 
+    def locate(self, name: str) -> tuple[str, int, int]:
+        """``(file name, begin, end)``: where the tensor's data bytes lie (absolute offsets)."""
+        begin, end = self._file(name).span(name)
+        return self._weight_map[name], begin, end
+
     def tensors(self) -> Iterator[tuple[str, np.ndarray]]:
         """Yield every tensor, file by file, one in memory at a time."""
         by_file: dict[str, list[str]] = {}
@@ -126,16 +131,17 @@ def write_hf_checkpoint(
     copy_files_from: str | os.PathLike | None = None,
     extra_json: Mapping[str, Mapping] | None = None,
     overwrite: bool = False,
-    on_shard: Callable[[Path, str], object] | None = None,
+    on_shard: Callable[[Path, str, dict[str, str]], object] | None = None,
 ) -> Path:
     """Write an HF checkpoint directory atomically; return its path.
 
     ``tensors`` is consumed lazily; at most one shard's worth of arrays is held at a time.
     ``copy_files_from`` copies tokenizer and generation files through (``PASSTHROUGH_FILES``);
     ``extra_json`` writes further JSON files (e.g. ``hf_quant_config.json``).
-    ``on_shard(path, sha256_hex)`` is called as soon as each shard file is complete, in order,
-    with its temporary name (shard ``i`` is renamed ``model-{i+1:05d}-of-{n:05d}.safetensors``
-    at the end) and its sha256, computed while it was written (for manifests).
+    ``on_shard(path, sha256_hex, tensor_sha256)`` is called as soon as each shard file is
+    complete, in order, with its temporary name (shard ``i`` is renamed
+    ``model-{i+1:05d}-of-{n:05d}.safetensors`` at the end), its sha256 and the sha256 of each
+    tensor's data, computed while it was written (for manifests).
     """
     path = Path(path)
     with atomic_directory(path, overwrite=overwrite) as tmp:
@@ -150,10 +156,11 @@ def write_hf_checkpoint(
             if pending:
                 part = tmp / f"shard-{len(shards):05d}.part"
                 hasher = hashlib.sha256() if on_shard is not None else None
-                write_file(part, pending, {"format": "pt"}, hasher=hasher)
+                digests: dict[str, str] | None = {} if on_shard is not None else None
+                write_file(part, pending, {"format": "pt"}, hasher=hasher, tensor_hashes=digests)
                 shards.append(list(pending))
                 if on_shard is not None:
-                    on_shard(part, hasher.hexdigest())
+                    on_shard(part, hasher.hexdigest(), digests)
                 pending, pending_bytes = {}, 0
 
         for name, arr in tensors:

@@ -11,6 +11,7 @@ that files written here load with the official ``safetensors.torch`` and vice ve
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import struct
@@ -46,6 +47,7 @@ _TAGS: dict[np.dtype, str] = {v: k for k, v in DTYPES.items()}
 # A header larger than this is not a weight file we wrote or would accept (the reference
 # implementation caps it at 100 MB too); refusing early keeps a corrupt length from allocating GBs.
 MAX_HEADER_BYTES = 100 * 1024 * 1024
+_HASH_CHUNK = 8 * 1024 * 1024
 
 
 class SafetensorsError(ValueError):
@@ -116,6 +118,11 @@ class SafetensorsFile:
         dtype, shape, _, _ = self._entry(name)
         return dtype, shape
 
+    def span(self, name: str) -> tuple[int, int]:
+        """``[begin, end)`` of the tensor's data bytes in the file (absolute offsets)."""
+        _, _, begin, end = self._entry(name)
+        return self._data_start + begin, self._data_start + end
+
     def get(self, name: str) -> np.ndarray:
         """Read one tensor into memory (a private copy, safe to keep after the file changes)."""
         dtype, shape, begin, end = self._entry(name)
@@ -133,12 +140,15 @@ class SafetensorsFile:
 
 
 def write_file(path: str | os.PathLike, tensors: Mapping[str, np.ndarray],
-               metadata: Mapping[str, str] | None = None, *, hasher=None) -> int:
+               metadata: Mapping[str, str] | None = None, *, hasher=None,
+               tensor_hashes: dict[str, str] | None = None) -> int:
     """Write ``tensors`` to ``path`` as one safetensors file; returns the bytes written.
 
     Writes to ``path + ".tmp"`` and renames, so a reader never sees a partial file. A
     ``hasher`` (e.g. ``hashlib.sha256()``) is fed every byte of the file on a second thread
     while the writes run (both release the GIL), so hashing costs no extra pass.
+    ``tensor_hashes`` (a dict) is filled with the sha256 of each tensor's data bytes
+    (``tensor_sha256``'s digest) on a third thread, for manifests that list them.
     """
     path = Path(path)
     header: dict[str, object] = {}
@@ -162,21 +172,52 @@ def write_file(path: str | os.PathLike, tensors: Mapping[str, np.ndarray],
             arr = arr.astype(arr.dtype.newbyteorder("<"))
         # Write the array's own buffer: .tobytes() would copy every tensor once more.
         chunks.append(memoryview(arr.reshape(-1).view(np.uint8)))
-    hashing = None
+    threads = []
     if hasher is not None:
-        hashing = threading.Thread(target=lambda: [hasher.update(c) for c in chunks],
-                                   name="safetensors-hash")
-        hashing.start()
+        threads.append(threading.Thread(target=lambda: [hasher.update(c) for c in chunks],
+                                        name="safetensors-hash"))
+    if tensor_hashes is not None:
+        names = list(tensors)
+
+        def per_tensor() -> None:
+            for name, chunk in zip(names, chunks[2:], strict=True):
+                tensor_hashes[name] = hashlib.sha256(chunk).hexdigest()
+
+        threads.append(threading.Thread(target=per_tensor, name="safetensors-tensor-hash"))
+    for t in threads:
+        t.start()
     tmp = path.with_name(path.name + ".tmp")
     try:
         with open(tmp, "wb") as f:
             for chunk in chunks:
                 f.write(chunk)
     finally:
-        if hashing is not None:
-            hashing.join()
+        for t in threads:
+            t.join()
     os.replace(tmp, path)
     return 8 + len(blob) + offset
+
+
+def tensor_sha256(path: str | os.PathLike) -> dict[str, str]:
+    """``{tensor name: sha256 of its data bytes}`` of one safetensors file (the per-tensor
+    digests a version-2 manifest lists), read a bounded piece at a time."""
+    f = SafetensorsFile(path)
+    out = {}
+    with open(f.path, "rb", buffering=0) as fh:
+        buf = bytearray(_HASH_CHUNK)
+        view = memoryview(buf)
+        for name in f.keys():
+            begin, end = f.span(name)
+            h = hashlib.sha256()
+            pos = begin
+            while pos < end:
+                n = os.preadv(fh.fileno(), [view[:min(_HASH_CHUNK, end - pos)]], pos)
+                if n <= 0:
+                    raise SafetensorsError(f"{f.path}: truncated inside {name!r}")
+                h.update(view[:n])
+                pos += n
+            out[name] = h.hexdigest()
+    return out
 
 
 def iter_tensors(path: str | os.PathLike) -> Iterator[tuple[str, np.ndarray]]:

@@ -15,18 +15,24 @@ Each iteration (a "step") is:
 Both forwards of a step use one model object, so every token's logits come from exactly one
 weights version, recorded in ``Completion.versions``.
 
-Reloads. ``load_weights(dir, version)`` verifies the export's manifest and builds a complete
-new model for the recipe in the calling thread (any thread); any failure raises and leaves the
-serving weights untouched. The new model is then staged and swapped in at the next step
-boundary of a running ``generate`` (or at once when idle). The KV cache is kept across the swap
-(tokens after it attend to keys/values the old weights computed), as in-flight RL samplers do;
-the versions record says where the switch happened.
+Reloads. ``load_weights(path, version)`` takes a full export or a delta on the version served
+and applies it *in place* (``sampler_torch.engine.reload``): in the calling thread (any thread),
+while generation goes on, it reads and verifies only what changed and stages the served
+elements that differ; any failure raises and leaves the served weights untouched. The staged
+writes are applied at the next step boundary of a running ``generate`` (or at once when idle):
+the engine's pause, the only time generation stops. No second model is built. The KV cache is
+kept across the switch (tokens after it attend to keys/values the old weights computed), as
+in-flight RL samplers do; the versions record says where the switch happened.
 
 Partial rollouts. ``partial_rollouts`` (``True`` by default; ``set_partial_rollouts``, which
 ``mixrl-sample`` calls with the trainer's ``train.partial_rollouts`` from its registration) says
 whether a request may span a reload as above. With ``False`` a staged load waits until no
 ``generate`` is running: every request finishes on the weights it started with, and the next
 ``generate`` (the next turn of a multi-turn episode, say) starts on the new ones.
+
+Threads. Writes happen only in the pause, under ``_lock``; ``score`` and ``logits`` run their
+forwards under it too, so no forward outside ``generate`` sees half a version. ``score`` scores
+the newest load: it waits for a staged one to be applied.
 """
 
 from __future__ import annotations
@@ -35,15 +41,19 @@ import collections
 import dataclasses
 import os
 import threading
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from sampler_torch.engine.fingerprint import module_fingerprint
+from convert.delta import DELTA_NAME
 from sampler_torch.engine.forward import EngineForward
-from sampler_torch.engine.params import Completion, SamplingParams, per_request
+from sampler_torch.engine.params import Completion, SamplingParams
+from sampler_torch.engine.reload import Plan, Units, plan_dir, served_at_load
+from sampler_torch.engine.reload_delta import plan_delta
+from sampler_torch.engine.requests import GenerateStats, Request, make_requests, record_step
 from sampler_torch.engine.sampling import (
     perturb_logits,
     sample_step,
@@ -64,34 +74,6 @@ from sampler_torch.recipes.linear import matmul_kernel
 
 #: uniforms drawn per slot at a time (``_run``)
 _U_BLOCK = 64
-
-
-@dataclasses.dataclass
-class _Request:
-    index: int
-    prompt: list[int]
-    params: SamplingParams
-    seed: int
-    out: Completion
-    truncates: bool
-    slot: int = -1
-
-
-@dataclasses.dataclass
-class GenerateStats:
-    """What the last ``generate`` did, step by step (for tests, benchmarks and logs)."""
-
-    steps: int = 0
-    prefill_tokens: int = 0
-    decode_tokens: int = 0
-    #: (step, request index, slot) for every admission
-    admissions: list[tuple[int, int, int]] = dataclasses.field(default_factory=list)
-    #: (step, request index) for every retirement
-    retirements: list[tuple[int, int]] = dataclasses.field(default_factory=list)
-    #: (step, version) for every weight swap applied during the call
-    swaps: list[tuple[int, int]] = dataclasses.field(default_factory=list)
-    #: whether decode steps ran through the compiled static-shape step (``Engine(compile=...)``)
-    compiled_decode: bool = False
 
 
 class Engine:
@@ -134,12 +116,24 @@ class Engine:
                             require_manifest=require_manifest)
         self._loaded: LoadedModel = loaded
         self._forward = EngineForward(loaded.model, self.recipe)
-        self._digest = _digest(loaded)
+        self._units = Units(loaded, self._forward, self.recipe, self.device)
+        self._served = served_at_load(loaded, self._units, version)
+        self._digest = self._served.digest
         self._version = version
-        self._lock = threading.Lock()  # guards _loaded/_version/_pending/_generating
+        # guards _served/_version/_pending/_generating and every write into the weights
+        self._lock = threading.RLock()
+        self._applied = threading.Condition(self._lock)  # a staged reload was applied
         self._generate_lock = threading.Lock()  # one generate at a time
-        self._pending: tuple[LoadedModel, EngineForward, int] | None = None
-        self._generating = False
+        self._reload_lock = threading.Lock()  # one reload staged at a time
+        self._pending: Plan | None = None
+        self._generating: int | None = None  # the generating thread's id
+        #: bytes of staged changes held in memory before they spill to a temp file (None: a
+        #: share of the served tensors, ``sampler_torch.engine.reload.BUDGET_SHARE``)
+        self.reload_budget: int | None = None
+        #: what the last reload did: ``{"version", "how", "stage_s", "pause_s", "elements",
+        #: "bytes" (written), "touched_bytes" (of the tensors changed), "spilled_bytes",
+        #: "read_tensors"}``
+        self.last_reload: dict = {}
         #: whether a load may be applied at a step boundary of a running generate (see the
         #: module doc); False: only between generate calls
         self.partial_rollouts = True
@@ -157,7 +151,7 @@ class Engine:
 
     @property
     def forward(self) -> EngineForward:
-        """The forward pass of the weights being served (rebuilt on every reload)."""
+        """The forward pass of the weights being served (reloads write into its tensors)."""
         return self._forward
 
     @property
@@ -181,41 +175,70 @@ class Engine:
 
     @property
     def model_dir(self) -> Path:
-        return self._loaded.path
+        """The export (or delta) the version served was last loaded from."""
+        return self._served.path
 
     def load_weights(self, model_dir: str | os.PathLike, version: int) -> None:
-        """Verify and load ``model_dir`` as weights ``version``; swap at the next step boundary
-        (with ``partial_rollouts`` off: when the running ``generate`` returns).
+        """Verify ``model_dir`` (a full export, or a delta built on the version served) and
+        stage it as weights ``version``; the writes land at the next step boundary (with
+        ``partial_rollouts`` off: when the running ``generate`` returns), at once when idle.
 
-        Raises ``WeightLoadError``/``RecipeError`` (and changes nothing) when the manifest does
-        not match, a file is missing or malformed, the export is in another format, or the model
-        architecture differs from the one being served.
+        Raises ``WeightLoadError``/``RecipeError`` (and changes nothing) when the manifest or a
+        delta's change digests do not match, a file is missing or malformed, the export is in
+        another format, or the model differs from the one being served. A newer load replaces
+        one staged and not yet applied (a delta cannot: it is built on the version before).
         """
-        loaded = load_model(model_dir, self.recipe, device=self.device, require_manifest=True)
-        if loaded.config != self._loaded.config:
-            raise WeightLoadError(f"{model_dir}: architecture differs from the served model "
-                                  f"({loaded.config} vs {self._loaded.config})")
-        staged = (loaded, EngineForward(loaded.model, self.recipe), int(version))
-        digest = _digest(loaded)
-        with self._lock:
-            self._digest = digest
-            if self._generating:
-                self._pending = staged
-            else:
-                self._loaded, self._forward, self._version = staged
-                self._pending = None
+        path = Path(model_dir)
+        delta = (path / DELTA_NAME).is_file()
+        with self._reload_lock:
+            with self._lock:
+                if self._pending is not None and delta:
+                    raise WeightLoadError(f"{path}: a delta on v{self._version}, but "
+                                          f"v{self._pending.served.version} is staged and not yet "
+                                          "applied; load a full directory")
+                dropped, self._pending = self._pending, None
+            if dropped is not None:
+                dropped.stage.close()
+            t0 = time.perf_counter()
+            plan = (plan_delta if delta else plan_dir)(self._served, self._units, path, int(version),
+                                                        budget=self.reload_budget)
+            plan.stage_s = time.perf_counter() - t0
+            with self._lock:
+                self._digest = plan.served.digest
+                if self._generating is not None:
+                    self._pending = plan
+                else:
+                    self._apply(plan)
 
-    def _apply_pending(self) -> bool:
+    def _apply(self, plan: Plan) -> float:
+        """Write a staged reload into the served tensors (under ``_lock``); the pause, seconds."""
+        t0 = time.perf_counter()
+        plan.apply(self._forward)
+        pause = time.perf_counter() - t0
+        served = self._served = plan.served
+        self._version = served.version
+        self._loaded = dataclasses.replace(self._loaded, path=served.path, manifest=served.manifest,
+                                           k_scales=served.k_scales, v_scales=served.v_scales)
+        st = plan.stage
+        self.last_reload = {"version": served.version, "how": plan.how, "stage_s": plan.stage_s,
+                            "pause_s": pause, "elements": st.elements, "bytes": st.written,
+                            "touched_bytes": sum(st.touched.values()), "spilled_bytes": st.spilled,
+                            "read_tensors": plan.read_tensors}
+        self._applied.notify_all()
+        return pause
+
+    def _apply_pending(self) -> float | None:
+        """Apply a staged reload, if any; the pause in seconds, None when nothing was staged."""
+        if self._pending is None:  # no lock on the hot path: a plain attribute read
+            return None
         with self._lock:
-            if self._pending is None:
-                return False
-            self._loaded, self._forward, self._version = self._pending
-            self._pending = None
-            return True
+            plan, self._pending = self._pending, None
+            return None if plan is None else self._apply(plan)
 
     def weights_digest(self) -> str:
         """Fingerprint of the weights (and KV scales) last loaded, computed on the device at
-        load (``sampler_torch.engine.fingerprint``): the version probe's no-op-reload check."""
+        the first load and moved by every reload's changed elements
+        (``sampler_torch.engine.fingerprint``): the version probe's no-op-reload check."""
         with self._lock:
             return self._digest
 
@@ -229,13 +252,13 @@ class Engine:
         before any truncation: what the version probe compares with the trainer's log p."""
         if len(prompts) != len(continuations):
             raise ValueError(f"{len(prompts)} prompts but {len(continuations)} continuations")
-        with self._lock:  # the newest load, even while a generate still serves the one before
-            loaded, fwd = (self._pending[:2] if self._pending is not None
-                           else (self._loaded, self._forward))
-        out = []
         seqs = [[*map(int, p), *map(int, c)] for p, c in zip(prompts, continuations, strict=True)]
-        for prompt, cont, logits in zip(prompts, continuations,
-                                        self._logits(seqs, loaded, fwd), strict=True):
+        with self._applied:  # the newest load: wait for a staged one (not from generate itself)
+            while self._pending is not None and self._generating not in (None, threading.get_ident()):
+                self._applied.wait()
+            all_logits = self._logits(seqs)
+        out = []
+        for prompt, cont, logits in zip(prompts, continuations, all_logits, strict=True):
             if not len(cont):
                 out.append([])
                 continue
@@ -251,11 +274,12 @@ class Engine:
         Keys and values go through a KV cache of the recipe's dtype (written, then read back
         for attention), so an FP8 KV cache's rounding shows here as it does in generation.
         """
-        return self._logits(sequences, self._loaded, self._forward)
+        with self._lock:
+            return self._logits(sequences)
 
     @torch.inference_mode()
-    def _logits(self, sequences: Sequence[Sequence[int]], loaded: LoadedModel,
-                fwd: EngineForward) -> list[torch.Tensor]:
+    def _logits(self, sequences: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+        loaded, fwd = self._loaded, self._forward
         out = []
         for seq in sequences:
             ids = torch.tensor([list(seq)], dtype=torch.long, device=self.device)
@@ -266,24 +290,6 @@ class Engine:
         return out
 
     # ------------------------------------------------------------------ generation
-
-    def _requests(self, prompts: Sequence[Sequence[int]],
-                  params: SamplingParams | Sequence[SamplingParams]) -> list[_Request]:
-        vocab = self.config.vocab_size
-        plist, seeds = per_request(len(prompts), params)
-        reqs = []
-        for i, (prompt, p, seed) in enumerate(zip(prompts, plist, seeds, strict=True)):
-            prompt = [int(t) for t in prompt]
-            if not prompt:
-                raise ValueError(f"prompt {i} is empty; every prompt needs at least one token")
-            if min(prompt) < 0 or max(prompt) >= vocab:
-                raise ValueError(f"prompt {i} has token ids outside [0, {vocab})")
-            truncates = p.truncates(vocab)
-            out = Completion(index=i, prompt_ids=prompt, seed=seed,
-                             support_ids=[] if truncates else None,
-                             support_logprobs=[] if truncates else None)
-            reqs.append(_Request(i, prompt, p, seed, out, truncates))
-        return reqs
 
     @torch.inference_mode()
     def generate(self, prompts: Sequence[Sequence[int]],
@@ -298,22 +304,23 @@ class Engine:
         each step: once true, every unfinished request ends with ``finish_reason`` ``"stopped"``
         and its tokens so far (a sampler told to stop returns within one step, not one call).
         """
-        reqs = self._requests(prompts, params if params is not None else SamplingParams())
+        reqs = make_requests(prompts, params if params is not None else SamplingParams(),
+                             self.config.vocab_size)
         if not reqs:
             return []
         with self._generate_lock:
             self._apply_pending()
             with self._lock:
-                self._generating = True
+                self._generating = threading.get_ident()
             try:
                 self._run(reqs, on_step, should_stop)
             finally:
                 with self._lock:
-                    self._generating = False
+                    self._generating = None
                 self._apply_pending()  # a reload staged during the last step
         return [r.out for r in reqs]
 
-    def _run(self, reqs: list[_Request], on_step: Callable[[int], None] | None,
+    def _run(self, reqs: list[Request], on_step: Callable[[int], None] | None,
              should_stop: Callable[[], bool] | None = None) -> None:
         cfg, dev = self.config, self.device
         stats = self.last_stats = GenerateStats()
@@ -344,7 +351,7 @@ class Engine:
         u_base = [0] * n_slots                  # the token index of u_block[slot][0]
         waiting = collections.deque(reqs)
         free = list(range(n_slots - 1, -1, -1))
-        running: dict[int, _Request] = {}       # slot -> request, admitted and not finished
+        running: dict[int, Request] = {}       # slot -> request, admitted and not finished
         decoding: list[int] = []                # slots with a sampled token still to feed
         step = 0
         while waiting or running:
@@ -352,8 +359,10 @@ class Engine:
                 for req in [*running.values(), *waiting]:
                     req.out.finish_reason = "stopped"
                 break
-            if self.partial_rollouts and self._apply_pending():
+            pause = self._apply_pending() if self.partial_rollouts else None
+            if pause is not None:
                 stats.swaps.append((step, self._version))
+                stats.pauses_s.append(pause)
             fwd, version = self._forward, self._version
             # -- admit and prefill
             admitted = []
@@ -433,7 +442,7 @@ class Engine:
                 u = torch.zeros(n_slots, dtype=torch.float64)
                 u[slot_order] = torch.from_numpy(u_rows)
                 rec = sample_untruncated_compiled(logits_all.float(), temp, u.to(dev), head_k)
-                self._record(rec, slot_order, running, version, rows=slot_order)
+                record_step(rec, slot_order, running, version, rows=slot_order)
             elif steady:
                 # The same, eagerly: ``sample_step``'s arithmetic for all-untruncated rows in
                 # about half its ops (no truncation bookkeeping, no support tensors).
@@ -442,7 +451,7 @@ class Engine:
                          else torch.tensor(slot_order, device=dev))
                 rec = sample_untruncated(logits_parts[0], None if ones else temp[order],
                                          torch.from_numpy(u_rows).to(dev), head_k)
-                self._record(rec, slot_order, running, version)
+                record_step(rec, slot_order, running, version)
             else:
                 if decode_rows is not None:
                     logits_parts.append(logits_all[torch.tensor(decode_rows, device=dev)])
@@ -452,7 +461,7 @@ class Engine:
                 order = torch.tensor(slot_order, device=dev)
                 rec = sample_step(logits, temp[order], top_p[order], top_k[order], head_k,
                                   torch.from_numpy(u_rows).to(dev))
-                self._record(rec, slot_order, running, version)
+                record_step(rec, slot_order, running, version)
             # -- retire (decode rows in slot order: a contiguous run reads the cache as a view)
             decoding = []
             for s in slot_order:
@@ -474,42 +483,3 @@ class Engine:
             stats.steps = step = step + 1
             if on_step is not None:
                 on_step(step - 1)
-
-    @staticmethod
-    def _record(rec, slot_order: list[int], running: dict[int, _Request], version: int,
-                rows: list[int] | None = None) -> None:
-        """Append step records; ``rows[i]`` is the record row of ``slot_order[i]`` (default i).
-        The one place records leave the device (``tolist``)."""
-        if rows is not None and rows != list(range(rec.tokens.shape[0])):
-            index = torch.tensor(rows, device=rec.tokens.device)
-            rec = dataclasses.replace(rec, tokens=rec.tokens[index], logprob=rec.logprob[index],
-                                      logprob_full=rec.logprob_full[index],
-                                      head_ids=rec.head_ids[index],
-                                      head_logprobs=rec.head_logprobs[index])
-        tokens = rec.tokens.tolist()
-        logprob = rec.logprob.tolist()
-        logprob_full = logprob if rec.logprob_full is rec.logprob else rec.logprob_full.tolist()
-        head_ids = rec.head_ids.tolist()
-        head_lp = rec.head_logprobs.tolist()
-        has_support = rec.support_ids.shape[1] > 0
-        if has_support:
-            sup_ids, sup_lp = rec.support_ids.tolist(), rec.support_logprobs.tolist()
-            sup_len = rec.support_len.tolist()
-        width = rec.head_ids.shape[1]
-        for row, s in enumerate(slot_order):
-            req = running[s]
-            out, k = req.out, req.params.head_k
-            out.token_ids.append(tokens[row])
-            out.logprobs.append(logprob[row])
-            out.logprobs_full.append(logprob_full[row])
-            out.head_ids.append(head_ids[row] if k >= width else head_ids[row][:k])
-            out.head_logprobs.append(head_lp[row] if k >= width else head_lp[row][:k])
-            out.versions.append(version)
-            if req.truncates:
-                n = sup_len[row]
-                out.support_ids.append(sup_ids[row][:n])
-                out.support_logprobs.append(sup_lp[row][:n])
-
-
-def _digest(loaded: LoadedModel) -> str:
-    return module_fingerprint(loaded.model, (loaded.k_scales, loaded.v_scales))

@@ -153,9 +153,16 @@ class _Proj:
 
     def __init__(self, modules: list[nn.Module], mm_dtype: torch.dtype):
         self.sizes = [m.out_features for m in modules]
+        #: (module weight, flat offset in ``weight``) of a fused projection: where an in-place
+        #: reload writes each module's changed elements a second time (``EngineForward.copies``)
+        self.parts: list[tuple[torch.Tensor, int]] = []
         if all(type(m) is nn.Linear for m in modules):
             self.weight = torch.cat([m.weight.detach() for m in modules]).to(mm_dtype)
             self.modules = None
+            offset = 0
+            for m in modules:
+                self.parts.append((m.weight, offset))
+                offset += m.weight.numel()
         else:
             self.weight = None
             self.modules = modules
@@ -175,7 +182,8 @@ class _Proj:
 
 class EngineForward:
     """``forward(ids [B, T], positions [B, T], cache, slots) -> final hidden states [B, T, D]``
-    and ``logits(hidden) -> float32``; built once per loaded weights version."""
+    and ``logits(hidden) -> float32``; built once per engine (a reload writes into the same
+    tensors: ``copies``, ``rederive``)."""
 
     def __init__(self, model: Qwen3ForCausalLM, recipe: Recipe):
         self.model = model
@@ -217,6 +225,27 @@ class EngineForward:
                            and lyr["o"].weight is not None and lyr["gate_up"].weight is not None
                            and lyr["down"].weight is not None for lyr in self.layers)
                        and self.lm_head.weight is not None)
+
+    def copies(self) -> dict[int, list[tuple[torch.Tensor, int]]]:
+        """``{id(model tensor): [(fused copy, flat offset), ...]}``: where this object holds a
+        copy of a model weight (the fused projections, in the matmul dtype): an in-place
+        reload writes a changed element there too, as ``dtype(copy)(new value)``, the cast
+        ``__init__`` made."""
+        out: dict[int, list[tuple[torch.Tensor, int]]] = {}
+        projs = [self.lm_head] + [lyr[k] for lyr in self.layers
+                                  for k in ("qkv", "o", "gate_up", "down") if lyr[k] is not None]
+        for proj in projs:
+            for weight, offset in proj.parts:
+                out.setdefault(id(weight), []).append((proj.weight, offset))
+        return out
+
+    def rederive(self) -> None:
+        """Recompute, in place, what ``__init__`` derived from the norms (the q/k norm rows per
+        head) after an in-place reload changed model weights."""
+        for lyr, layer in zip(self.layers, self.model.model.layers, strict=True):
+            attn = layer.self_attn
+            lyr["qk_norm"].copy_(torch.cat([attn.q_norm.weight.expand(self.heads, self.head_dim),
+                                            attn.k_norm.weight.expand(self.kv_heads, self.head_dim)]))
 
     def tensors(self) -> list[torch.Tensor]:
         """Every tensor a forward reads that this object owns (fused weights) or borrows."""

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import ml_dtypes
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -51,6 +52,11 @@ def _dequantized(fmt: str, parts: Mapping[str, np.ndarray]) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(get_codec(fmt).dequantize(parts), np.float32))
 
 
+def _numpy(t: torch.Tensor) -> np.ndarray:
+    """A host copy of ``t`` (a dtype numpy has: the caller views fp8 bytes)."""
+    return t.detach().contiguous().cpu().numpy().copy()
+
+
 def _flatten(x: torch.Tensor) -> torch.Tensor:
     return x.reshape(-1, x.shape[-1])
 
@@ -68,6 +74,12 @@ class QuantLinear(nn.Module):
 
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:  # pragma: no cover - abstract
         raise NotImplementedError
+
+    def stored_parts(self) -> dict[str, np.ndarray] | None:
+        """The export's parts this module was built from, recovered exactly from its buffers
+        (what a delta's changes are applied to when the engine reloads in place); ``None``
+        where the buffers do not determine them (a decoded weight)."""
+        return None
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}"
@@ -132,6 +144,21 @@ class FP8BlockLinear(QuantLinear):
     def _group(self, g: int) -> slice:
         return slice(g * FP8_BLOCK, min(self.in_features, (g + 1) * FP8_BLOCK))
 
+    def stored_parts(self) -> dict[str, np.ndarray] | None:
+        """The e4m3 codes (the groups side by side, padding cut) and one scale per 128x128
+        block (row ``128 b`` of each group's row scales): the native kernel keeps both as
+        stored. The emulated kernel keeps the decoded weight: ``None``."""
+        if not self.native:
+            return None
+        out_f = self.out_features
+        groups = [self._group(g) for g in range(self.n_groups)]
+        codes = torch.cat([getattr(self, f"weight_g{g}").view(torch.uint8)[:out_f, : c.stop - c.start]
+                           for g, c in enumerate(groups)], dim=1)  # bytes: fp8 cat is not everywhere
+        scales = torch.cat([getattr(self, f"scale_g{g}")[0, :out_f:FP8_BLOCK, None]
+                            for g in range(self.n_groups)], dim=1)
+        return {"weight": _numpy(codes).view(ml_dtypes.float8_e4m3fn),
+                "weight_scale_inv": _numpy(scales)}
+
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
         if not self.native:
             return fake_quant_fp8_groups(x.float(), FP8_BLOCK) @ self.weight.t()
@@ -189,6 +216,12 @@ class Int8Linear(QuantLinear):
             scale = _padded(scale.view(1, -1), 1, q.shape[0], 1.0)
         self.register_buffer("weight", q.contiguous())
         self.register_buffer("weight_scale", scale.view(1, -1))
+
+    def stored_parts(self) -> dict[str, np.ndarray]:
+        """The int8 codes and the per-row scales, as stored (any padding cut)."""
+        out_f, in_f = self.out_features, self.in_features
+        return {"weight": _numpy(self.weight[:out_f, :in_f]),
+                "weight_scale": _numpy(self.weight_scale[0, :out_f, None])}
 
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
         m = x.shape[0]

@@ -27,7 +27,7 @@ from convert.qwen3_config import Qwen3Config, hf_tensor_shapes
 from sampler_torch.models import Qwen3ForCausalLM
 from sampler_torch.recipes.linear import make_linear
 from sampler_torch.recipes.registry import Recipe, RecipeError, resolve_attention, torch_dtype
-from sampler_torch.recipes.rounding import RoundWeights, check_recipe, round_model_weights
+from sampler_torch.recipes.rounding import RoundWeights, check_recipe, round_model_weights, round_spec
 from sampler_torch.tensors import to_torch
 
 
@@ -45,6 +45,8 @@ class LoadedModel:
     k_scales: list[float] | None
     v_scales: list[float] | None
     manifest: dict | None
+    #: the export's ``config.json`` (quantization config included)
+    hf_config: dict = dataclasses.field(default_factory=dict)
 
 
 def verify_export(path: str | os.PathLike, *, require_manifest: bool = True) -> dict | None:
@@ -63,23 +65,89 @@ def verify_export(path: str | os.PathLike, *, require_manifest: bool = True) -> 
     return read_manifest(path)
 
 
+def kv_scale_names(layer: int, which: str) -> tuple[str, str]:
+    """Where an export keeps layer ``layer``'s ``k`` or ``v`` cache scale: SGLang/vLLM read
+    ``self_attn.{k,v}_scale``; ModelOpt writes ``self_attn.{k,v}_proj.*``."""
+    return (f"model.layers.{layer}.self_attn.{which}_scale",
+            f"model.layers.{layer}.self_attn.{which}_proj.{which}_scale")
+
+
+def kv_scale_value(arr: np.ndarray, name: str, where: object) -> float:
+    """The positive scalar a KV scale tensor holds; ``WeightLoadError`` otherwise."""
+    value = float(np.asarray(arr, np.float32).reshape(()))
+    if not (np.isfinite(value) and value > 0):
+        raise WeightLoadError(f"{where}: {name} = {value} is not a positive scale")
+    return value
+
+
 def _kv_scale(ckpt: HFCheckpoint, layer: int, which: str) -> float | None:
-    # SGLang/vLLM read ``self_attn.{k,v}_scale``; ModelOpt writes ``self_attn.{k,v}_proj.*``.
-    for name in (f"model.layers.{layer}.self_attn.{which}_scale",
-                 f"model.layers.{layer}.self_attn.{which}_proj.{which}_scale"):
+    for name in kv_scale_names(layer, which):
         if name in ckpt:
-            value = float(np.asarray(ckpt.get(name), np.float32).reshape(()))
-            if not (np.isfinite(value) and value > 0):
-                raise WeightLoadError(f"{ckpt.path}: {name} = {value} is not a positive scale")
-            return value
+            return kv_scale_value(ckpt.get(name), name, ckpt.path)
     return None
 
 
-def _check_part(ckpt: HFCheckpoint, name: str, spec: tuple[np.dtype, tuple[int, ...]]) -> None:
-    dtype, shape = ckpt.info(name)
+def check_part(where: object, name: str, dtype: np.dtype, shape: tuple[int, ...],
+               spec: tuple[np.dtype, tuple[int, ...]]) -> None:
+    """``WeightLoadError`` unless a quantized part's dtype and shape are the codec's ``spec``."""
     if np.dtype(dtype) != np.dtype(spec[0]) or tuple(shape) != tuple(spec[1]):
-        raise WeightLoadError(f"{ckpt.path}: {name} is {np.dtype(dtype)}{list(shape)}, the format "
+        raise WeightLoadError(f"{where}: {name} is {np.dtype(dtype)}{list(shape)}, the format "
                               f"needs {np.dtype(spec[0])}{list(spec[1])}")
+
+
+def check_plain(where: object, name: str, dtype: np.dtype, shape: tuple[int, ...],
+                want: tuple[int, ...]) -> None:
+    """``WeightLoadError`` unless an unquantized tensor is a float array of the config's shape."""
+    if tuple(shape) != tuple(want):
+        raise WeightLoadError(f"{where}: {name} has shape {tuple(shape)}, the config says {want}")
+    if not (np.issubdtype(dtype, np.floating) or np.dtype(dtype).name == "bfloat16"):
+        raise WeightLoadError(f"{where}: {name} has dtype {dtype}, expected a float")
+
+
+@dataclasses.dataclass(frozen=True)
+class ExportLayout:
+    """Which tensors an export of a config and format holds, and how the model uses them."""
+
+    cfg: Qwen3Config
+    codec: Codec
+    #: HF tensor name -> shape, as the config gives it
+    shapes: dict[str, tuple[int, ...]]
+    #: the HF weights stored in the codec's parts (``{module}.{suffix}``), the rest are plain
+    quantized: frozenset[str]
+
+    @classmethod
+    def of(cls, config: dict, codec: Codec) -> ExportLayout:
+        cfg = Qwen3Config.from_hf_dict(config)
+        shapes = hf_tensor_shapes(cfg)
+        # A mixed export keeps the projections its format cannot serve in bf16 and lists them
+        # in the quantization config's ignore lists: those load as plain linears.
+        excluded = excluded_modules(config)
+        return cls(cfg, codec, shapes,
+                   frozenset(n for n in shapes if stores_quantized(n, config, excluded)))
+
+    def expected(self) -> set[str]:
+        """Every tensor name the export must hold (KV scales aside)."""
+        names = {n for n in self.shapes if n not in self.quantized}
+        for name in self.quantized:
+            names |= {f"{module_of(name)}.{suffix}" for suffix in self.codec.parts}
+        return names
+
+    def kv_names(self) -> set[str]:
+        return {n for i in range(self.cfg.num_hidden_layers) for w in ("k", "v")
+                for n in kv_scale_names(i, w)}
+
+
+def check_names(where: object, lay: ExportLayout, present: set[str]) -> None:
+    """``WeightLoadError`` unless an export holds exactly the tensors ``lay`` needs (and KV scales)."""
+    expected = lay.expected()
+    missing = sorted(expected - present)
+    if missing:
+        raise WeightLoadError(f"{where}: missing {len(missing)} tensor(s) of a "
+                              f"{lay.codec.name} export, e.g. {missing[:3]}")
+    unexpected = sorted(present - expected - lay.kv_names())
+    if unexpected:
+        raise WeightLoadError(f"{where}: unexpected tensor(s) for this config and format, "
+                              f"e.g. {unexpected[:3]}")
 
 
 def _set_submodule(model: nn.Module, dotted: str, module: nn.Module) -> None:
@@ -89,26 +157,9 @@ def _set_submodule(model: nn.Module, dotted: str, module: nn.Module) -> None:
 
 def _load(ckpt: HFCheckpoint, codec: Codec, recipe: Recipe, device) -> tuple[
         Qwen3ForCausalLM, Qwen3Config]:
-    cfg = Qwen3Config.from_hf_dict(ckpt.config)
-    shapes = hf_tensor_shapes(cfg)
-    # A mixed export keeps the projections its format cannot serve in bf16 and lists them in
-    # the quantization config's ignore lists: those load as plain linears.
-    excluded = excluded_modules(ckpt.config)
-    quantized = {n for n in shapes if stores_quantized(n, ckpt.config, excluded)}
-    expected = {n for n in shapes if n not in quantized}
-    for name in quantized:
-        expected |= {f"{module_of(name)}.{suffix}" for suffix in codec.parts}
-    present = set(ckpt.names())
-    missing = sorted(expected - present)
-    if missing:
-        raise WeightLoadError(f"{ckpt.path}: missing {len(missing)} tensor(s) of a "
-                              f"{codec.name} export, e.g. {missing[:3]}")
-    kv_names = {f"model.layers.{i}.self_attn.{w}" for i in range(cfg.num_hidden_layers)
-                for w in ("k_scale", "v_scale", "k_proj.k_scale", "v_proj.v_scale")}
-    unexpected = sorted(present - expected - kv_names)
-    if unexpected:
-        raise WeightLoadError(f"{ckpt.path}: unexpected tensor(s) for this config and format, "
-                              f"e.g. {unexpected[:3]}")
+    lay = ExportLayout.of(ckpt.config, codec)
+    cfg, shapes, quantized = lay.cfg, lay.shapes, lay.quantized
+    check_names(ckpt.path, lay, set(ckpt.names()))
 
     dtype = torch_dtype(recipe)
     with torch.device("meta"):
@@ -123,11 +174,7 @@ def _load(ckpt: HFCheckpoint, codec: Codec, recipe: Recipe, device) -> tuple[
         if name in quantized:
             continue
         arr = ckpt.get(name)
-        if tuple(arr.shape) != shapes[name]:
-            raise WeightLoadError(f"{ckpt.path}: {name} has shape {tuple(arr.shape)}, the config "
-                                  f"says {shapes[name]}")
-        if not (np.issubdtype(arr.dtype, np.floating) or arr.dtype.name == "bfloat16"):
-            raise WeightLoadError(f"{ckpt.path}: {name} has dtype {arr.dtype}, expected a float")
+        check_plain(ckpt.path, name, arr.dtype, arr.shape, shapes[name])
         with torch.no_grad():
             params[name].copy_(to_torch(arr).to(dtype))
     for name in sorted(quantized):
@@ -135,22 +182,11 @@ def _load(ckpt: HFCheckpoint, codec: Codec, recipe: Recipe, device) -> tuple[
         specs = codec.tensor_specs(shapes[name])
         parts = {}
         for suffix, spec in specs.items():
-            _check_part(ckpt, f"{module}.{suffix}", spec)
+            check_part(ckpt.path, f"{module}.{suffix}", *ckpt.info(f"{module}.{suffix}"), spec)
             parts[suffix] = ckpt.get(f"{module}.{suffix}")
         _set_submodule(model, module, make_linear(recipe, parts, device).to(device))
     model.set_attention_impl(resolve_attention(recipe.attention, torch.device(device).type))
     return model.eval().requires_grad_(False), cfg
-
-
-def _round_spec(recipe: Recipe, given: RoundWeights | None) -> RoundWeights | None:
-    """The dial to apply: ``given``, else the recipe's ``round_weights`` (None, a ``RoundWeights``,
-    a (bits, block_size) pair or a mapping of the two)."""
-    spec = given if given is not None else getattr(recipe, "round_weights", None)
-    if spec is None or isinstance(spec, RoundWeights):
-        return spec
-    if isinstance(spec, (tuple, list)):
-        return RoundWeights(*spec)
-    return RoundWeights(**dict(spec))
 
 
 def load_model(path: str | os.PathLike, recipe: Recipe, *, device: str | torch.device = "cpu",
@@ -163,7 +199,7 @@ def load_model(path: str | os.PathLike, recipe: Recipe, *, device: str | torch.d
     Raises ``WeightLoadError`` (bad or mismatched files) or ``RecipeError`` (the export is in
     another format than the recipe needs, or a dial the recipe cannot apply).
     """
-    spec = _round_spec(recipe, round_weights)
+    spec = round_spec(recipe, round_weights)
     if spec is not None:
         check_recipe(recipe)
     path = Path(path)
@@ -193,7 +229,9 @@ def load_model(path: str | os.PathLike, recipe: Recipe, *, device: str | torch.d
     has_k = any(s is not None for s in k)
     return LoadedModel(model=model, config=cfg, path=path, weight_format=codec.name,
                        k_scales=[s or 1.0 for s in k] if has_k else None,
-                       v_scales=[s or 1.0 for s in v] if has_k else None, manifest=manifest)
+                       v_scales=[s or 1.0 for s in v] if has_k else None, manifest=manifest,
+                       hf_config=dict(ckpt.config))
 
 
-__all__ = ["LoadedModel", "WeightLoadError", "load_model", "verify_export"]
+__all__ = ["ExportLayout", "LoadedModel", "WeightLoadError", "check_names", "check_part", "check_plain",
+           "kv_scale_names", "kv_scale_value", "load_model", "verify_export"]

@@ -77,6 +77,17 @@ def round_blockwise(weight: torch.Tensor, spec: RoundWeights) -> torch.Tensor:
     return rounded.view(out_f, blocks * b)[:, :in_f].to(weight.dtype)
 
 
+def round_spec(recipe: Recipe, given: RoundWeights | None = None) -> RoundWeights | None:
+    """The dial to apply: ``given``, else the recipe's ``round_weights`` (None, a ``RoundWeights``,
+    a (bits, block_size) pair or a mapping of the two)."""
+    spec = given if given is not None else getattr(recipe, "round_weights", None)
+    if spec is None or isinstance(spec, RoundWeights):
+        return spec
+    if isinstance(spec, (tuple, list)):
+        return RoundWeights(*spec)
+    return RoundWeights(**dict(spec))
+
+
 def with_round_weights(recipe: Recipe, spec: RoundWeights) -> Recipe:
     """``recipe`` carrying ``round_weights`` (``load_model`` reads it off the recipe), for an
     ``Engine(path, recipe)`` that rounds at every load and reload (what ``--recipe-override
@@ -93,26 +104,37 @@ def check_recipe(recipe: Recipe) -> None:
                           f"({recipe.activations})")
 
 
+def rounds(name: str, module: nn.Module) -> bool:
+    """Whether the dial rounds module ``name`` (a quantizable linear with a float weight).
+
+    Raises ``RecipeError`` on a quantized-activation module (``check_recipe`` refuses those
+    recipes before any load)."""
+    if not is_quantized_weight(f"{name}.weight"):
+        return False
+    if isinstance(module, (nn.Linear, DequantLinear)):
+        return True
+    if isinstance(module, QuantLinear):
+        raise RecipeError(f"round_weights: {name} is a {type(module).__name__}, which runs on "
+                          "quantized activations and has no float weight to round")
+    return False
+
+
 def round_model_weights(model: nn.Module, spec: RoundWeights) -> list[str]:
     """Round every quantizable linear of ``model`` in place; returns the modules rounded.
 
-    Raises ``RecipeError`` on a quantized-activation module (``check_recipe`` refuses those
-    recipes before any load) and ``ValueError`` when the model has no quantizable linear at all.
+    Raises ``RecipeError`` on a quantized-activation module and ``ValueError`` when the model has
+    no quantizable linear at all.
     """
     done = []
     with torch.no_grad():
         for name, module in model.named_modules():
-            if not is_quantized_weight(f"{name}.weight"):
-                continue
-            if isinstance(module, (nn.Linear, DequantLinear)):
+            if rounds(name, module):
                 module.weight.copy_(round_blockwise(module.weight, spec))
                 done.append(name)
-            elif isinstance(module, QuantLinear):
-                raise RecipeError(f"round_weights: {name} is a {type(module).__name__}, which runs on "
-                                  "quantized activations and has no float weight to round")
     if not done:
         raise ValueError("round_weights: the model has no quantizable linear to round")
     return done
 
 
-__all__ = ["RoundWeights", "check_recipe", "round_blockwise", "round_model_weights", "with_round_weights"]
+__all__ = ["RoundWeights", "check_recipe", "round_blockwise", "round_model_weights", "round_spec", "rounds",
+           "with_round_weights"]

@@ -53,7 +53,7 @@ def test_sha256_of_a_path_and_of_a_descriptor_across_chunks(tmp_path):
 def test_build_and_write_list_every_file_but_the_manifest(export):
     manifest = write_manifest(root=export, format="bf16", step=3)  # root by keyword too
     assert manifest == {
-        "manifest_version": 1, "format": "bf16", "step": 3,
+        "manifest_version": 2, "format": "bf16", "step": 3,
         "files": {"config.json": {"sha256": _sha(b'{"a": 1}'), "size": 8},
                   "empty": {"sha256": _sha(b""), "size": 0},
                   "sub/shard.bin": {"sha256": _sha(b"\x00\x01" * 50), "size": 100}}}

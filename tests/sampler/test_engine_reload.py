@@ -1,5 +1,6 @@
 """In-flight weight reloads: the version changes at a step boundary, a step never mixes the
-tensors of two versions, and a bad export is refused while generation carries on."""
+tensors of two versions, and a bad export is refused while generation carries on. Reloads write
+into the served tensors (``sampler_torch.engine.reload``): no second model is built."""
 
 import shutil
 import threading
@@ -36,19 +37,21 @@ def exports(tmp_path_factory):
     return dirs
 
 
-def _ptrs(engine) -> set[int]:
-    return {t.data_ptr() for t in engine.forward.tensors()}
+def _weights(engine) -> dict[int, float]:
+    """Every matmul weight the engine's forward reads, by address, with a checksum of its values."""
+    return {t.data_ptr(): float(t.double().sum()) for t in engine.forward.tensors()}
 
 
 def test_reload_switches_version_at_a_step_and_never_mixes_within_one(exports, monkeypatch):
     eng = Engine(exports[0], "bf16", compute_dtype="float32", max_batch=2, version=0)
-    model_a, a = eng.model, _ptrs(eng)
-    steps: list[list[int]] = [[]]
+    model_a, a = eng.model, _weights(eng)
+    steps: list[list[tuple[int, float]]] = [[]]
     linear = torch.nn.functional.linear
 
     def recording_linear(x, weight, *args, **kwargs):
-        # Every matmul weight the engine touches (fused projections and lm_head included).
-        steps[-1].append(weight.data_ptr())
+        # Every matmul weight the engine touches (fused projections and lm_head included), and
+        # the values it holds at that moment.
+        steps[-1].append((weight.data_ptr(), float(weight.double().sum())))
         return linear(x, weight, *args, **kwargs)
 
     def on_step(step):
@@ -60,14 +63,15 @@ def test_reload_switches_version_at_a_step_and_never_mixes_within_one(exports, m
     outs = eng.generate([[1, 2, 3], [4, 5], [6, 7]],
                         SamplingParams(max_new_tokens=8, top_p=0.9, seed=0), on_step=on_step)
     monkeypatch.undo()
-    assert eng.model is not model_a and eng.version == 1
-    assert eng.last_stats.swaps == [(4, 1)]
-    b = _ptrs(eng)
-    assert not a & b
-    for step, ptrs in enumerate(steps[:-1]):
-        used = set(ptrs)
+    # In place: the same model and tensors, holding version 1's values from step 4 on.
+    assert eng.model is model_a and eng.version == 1
+    assert eng.last_stats.swaps == [(4, 1)] and len(eng.last_stats.pauses_s) == 1
+    b = _weights(eng)
+    assert set(a) == set(b) and all(a[p] != b[p] for p in a)
+    for step, used in enumerate(steps[:-1]):
         assert used, f"step {step} ran no forward"
-        assert used <= (a if step <= 3 else b), f"step {step} used tensors of the wrong version"
+        want = a if step <= 3 else b
+        assert all(want[p] == v for p, v in used), f"step {step} used values of the wrong version"
     # Requests running through the swap: tokens of steps 0-3 from version 0, the rest from 1.
     assert outs[0].versions == outs[1].versions == [0] * 4 + [1] * 4
     # Request 2 was admitted after the swap: every token, KV cache included, is version 1,
@@ -77,6 +81,7 @@ def test_reload_switches_version_at_a_step_and_never_mixes_within_one(exports, m
     logits = fresh.logits([[6, 7] + outs[2].token_ids])[0][1:-1]
     expected = torch.log_softmax(logits, -1).gather(1, torch.tensor(outs[2].token_ids)[:, None])
     np.testing.assert_allclose(outs[2].logprobs_full, expected[:, 0].numpy(), atol=1e-5)
+    assert eng.weights_digest() == fresh.weights_digest()
 
 
 def test_reload_from_another_thread_lands_between_steps(exports):
