@@ -241,3 +241,13 @@ def test_the_public_pool_scores_rows_and_hostile_replies_without_running_them(tm
     finally:
         pool.close()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_exponent_computed_as_an_interval_has_the_exact_exponents_bound():
+    """``2^{10000 \\pi^0}``: its exponent is the one-point interval [10000, 10000], at the bound an
+    exact exponent may reach (``MAX_EXPONENT``, inclusive): computed (not 1), not refused; one more
+    is over the bound, as for an exact exponent."""
+    assert not answers_equal(f"2^{{{MAX_EXPONENT}\\pi^0}}", "1")
+    for text in (f"2^{{{MAX_EXPONENT + 1}\\pi^0}}", f"2^{{{MAX_EXPONENT + 1}}}"):
+        with pytest.raises(Unparseable, match="an exponent over the bound"):
+            answers_equal(text, "1")
