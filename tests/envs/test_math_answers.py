@@ -251,3 +251,15 @@ def test_an_exponent_computed_as_an_interval_has_the_exact_exponents_bound():
     for text in (f"2^{{{MAX_EXPONENT + 1}\\pi^0}}", f"2^{{{MAX_EXPONENT + 1}}}"):
         with pytest.raises(Unparseable, match="an exponent over the bound"):
             answers_equal(text, "1")
+
+
+@pytest.mark.parametrize(("got", "want"), [
+    ("\\pi + 10^{-40}", "\\pi"),  # 40 digits past the point: inside the 20 spare digits' reach
+    ("(\\sqrt{2}+1)^{200} - (\\sqrt{2}-1)^{-200} + 10^{-30}", "0"),  # 10^76 - 10^76: a cancellation
+])
+def test_a_near_miss_far_past_the_digits_written_is_still_a_miss(got, want):
+    """Two values that differ are never equal, whatever digits the answers hold: the comparison
+    runs 20 digits past those (``\\pi + 10^{-40}`` holds 4) and, where a difference of huge values
+    cancels, that many past the cancellation too. Without the 20, or without the digits in the
+    cancellation's precision, both read equal."""
+    assert not answers_equal(got, want) and not answers_equal(want, got)
