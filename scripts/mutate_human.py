@@ -25,7 +25,7 @@ numbers) is untouched.
 Runs in the clone ``scripts/mutate.py`` prepares, with its baseline, timeout and ``MODULES``
 test lists; resumable (``MUTATE_DIR/sessions/<module>.human.json``: results survive an
 interrupted run; the same module sources, sample and seed continue it; when only the tests
-changed, the survivors run again); writes ``docs/mutation/<module>.human.json``.
+changed, the survivors not judged equivalent run again); writes ``docs/mutation/<module>.human.json``.
 """
 
 from __future__ import annotations
@@ -244,10 +244,11 @@ def run_module(name: str, *, workdir: Path, results: Path, sample: int | None, s
     if all(old.get(k) == meta[k] for k in ("sample", "seed", "paths", "sources")):
         done = state.get("results", {})
         if old.get("tests") != meta["tests"]:
-            again = [k for k, r in done.items() if r["outcome"] == "survived"]
+            again = rerun_after_test_change(done, base.load_equivalents())
             for k in again:
                 del done[k]
-            print(f"mutate {name} (human): the tests changed: {len(again)} survivors run again")
+            print(f"mutate {name} (human): the tests changed: {len(again)} survivors run again "
+                  "(not those judged equivalent)")
     else:
         done = {}
     print(f"mutate {name} (human): commit {commit[:10]}, {len(chosen)} of {len(every)} mutants", flush=True)
@@ -285,6 +286,14 @@ def run_module(name: str, *, workdir: Path, results: Path, sample: int | None, s
     state = {**state_of(meta, chosen, every), "results": done}
     _save(session, state)
     return write_report(name, state, results, stage_timeouts_s=[round(v) for v in limits.values()])
+
+
+def rerun_after_test_change(done: dict, known: dict) -> list[str]:
+    """The keys of the survivors in ``done`` to run again now that the tests changed: all but
+    those ``known`` (``scripts/mutate_equivalent.json``) judges equivalent, which no test can kill
+    (each costs a full run of every mapped file)."""
+    return [k for k, r in done.items() if r["outcome"] == "survived"
+            and not base.judged(known, r["file"], r["code"], r["mutant"], r["line"])]
 
 
 def state_of(meta: dict, chosen: list[int], every: list[Mutant]) -> dict:

@@ -120,3 +120,5 @@ def test_the_report_counts_outcomes_and_judged_equivalents(tmp_path, monkeypatch
     assert (out["sample_size"], out["mutants_total"]) == (5, 30)
     written = json.loads((tmp_path / "results" / "m.human.json").read_text())
     assert {s["equivalent"] for s in written["survivors"]} == {None, "a test's reason"}
+    # after a change of the tests only the survivor not judged equivalent runs again
+    assert mutate_human.rerun_after_test_change(done, mutate_human.base.load_equivalents()) == [every[1].key]
