@@ -161,3 +161,16 @@ def test_a_valid_result_of_exactly_the_cap_with_more_behind_it_is_refused():
     assert proc.returncode == 0, err.decode()[-2000:]
     answer = json.loads(out)
     assert answer["ok"] is False and answer["reason"] == "stray_output", answer
+
+
+def test_a_reward_dict_of_one_key_over_the_metrics_limit_names_the_limit():
+    """``reward`` plus MAX_METRICS metrics is the most a reward function may return; one key more is
+    refused with the count and that limit (reward + metrics) named, as the docs give it."""
+    from envs.rewards.limits import MAX_METRICS
+    from envs.rewards.worker import normalise
+
+    full = {"reward": 0.5, **{f"m{i}": float(i) for i in range(MAX_METRICS)}}
+    assert normalise(full) == {"reward": 0.5, "metrics": {k: v for k, v in full.items() if k != "reward"}}
+    with pytest.raises(ValueError, match=rf"^reward function returned a dict of {MAX_METRICS + 2} keys "
+                                         rf"\(at most {MAX_METRICS + 1}\)$"):
+        normalise({**full, "one_more": 1.0})
