@@ -132,3 +132,18 @@ def test_verify_files_checks_only_the_listed_ones(export):
         f"{export / 'empty'}: size 1 bytes, the manifest says 0",
         f"{export / 'gone'}: missing",
         f"{export / 'sub/shard.bin'}: sha256 does not match the manifest (corrupt)"]
+
+
+@pytest.mark.parametrize("tensors", ['["w"]', '{"w": 3}', '{"w": null}', '"w"'])
+def test_read_manifest_refuses_per_tensor_digests_that_are_no_name_to_sha256_object(export, tensors):
+    """A version-2 entry's ``tensors`` maps tensor names to sha256 strings; anything else is a
+    malformed manifest, named where it is read (a list or a number there broke the tensor checks
+    later, outside ``ManifestError``)."""
+    path = export / MANIFEST_NAME
+    entry = {"sha256": "ab", "size": 1, "tensors": json.loads(tensors)}
+    path.write_text(json.dumps({"files": {"m.safetensors": entry}}))
+    with pytest.raises(ManifestError, match=r"malformed \(tensors of 'm.safetensors' is not a name -> sha256 "
+                                            r"object\)$"):
+        read_manifest(export)
+    path.write_text('{"files": {"m.safetensors": {"sha256": "ab", "size": 1, "tensors": {"w": "cd"}}}}')
+    assert read_manifest(export)["files"]["m.safetensors"]["tensors"] == {"w": "cd"}
