@@ -147,3 +147,17 @@ def test_read_manifest_refuses_per_tensor_digests_that_are_no_name_to_sha256_obj
         read_manifest(export)
     path.write_text('{"files": {"m.safetensors": {"sha256": "ab", "size": 1, "tensors": {"w": "cd"}}}}')
     assert read_manifest(export)["files"]["m.safetensors"]["tensors"] == {"w": "cd"}
+
+
+def test_files_and_problems_come_in_path_order(export):
+    """``build_manifest`` lists the files in path order, as the written (sorted) manifest.json reads
+    back, and ``check_manifest`` reports unlisted files in that order: two runs over the same
+    directory, or a manifest built in memory and one read from disk, list alike."""
+    manifest = write_manifest(export)
+    assert list(manifest["files"]) == ["config.json", "empty", "sub/shard.bin"]
+    assert list(read_manifest(export)["files"]) == list(manifest["files"])
+    for name in ("b.txt", "a.txt", "c/d.txt"):
+        (export / name).parent.mkdir(exist_ok=True)
+        (export / name).write_text("x")
+    assert check_manifest(export) == [f"{export / n}: not listed in manifest.json"
+                                      for n in ("a.txt", "b.txt", "c/d.txt")]
