@@ -64,6 +64,8 @@ class GroupMeasure:
     rate: float = math.nan  # useful samples per (busy) replica-hour from the cost ledger
     rate_from: str = ""
     rl_steps: int | None = None  # the RL steps its measurements come from (None: unknown)
+    #: out_of_range over the reference group's (the lowest probe KL in the run; NaN without one)
+    out_of_range_added: float = math.nan
 
     @property
     def useful_per_hour(self) -> float:
@@ -78,7 +80,8 @@ class GroupMeasure:
 
     def limit_values(self) -> dict[str, float | None]:
         return {"k3": self.k3, "k3_ratio": self.k3_ratio, "k3_growth": self.k3_growth,
-                "out_of_range": self.out_of_range, "staleness": self.staleness, "probe_kl": self.probe_kl}
+                "out_of_range": self.out_of_range, "out_of_range_added": self.out_of_range_added,
+                "staleness": self.staleness, "probe_kl": self.probe_kl}
 
 
 def read_run(run_dir: str | Path, window: float = WINDOW) -> dict[str, GroupMeasure]:
@@ -122,8 +125,23 @@ def read_run(run_dir: str | Path, window: float = WINDOW) -> dict[str, GroupMeas
     k3s = [m.k3 for m in out.values() if m.k3 > 0]
     for m in out.values():
         m.k3_ratio = m.k3 / min(k3s) if k3s and not math.isnan(m.k3) else math.nan
+    _out_of_range_added(out)
     _replicas_from_logs(Path(run_dir), out)
     return out
+
+
+def _out_of_range_added(groups: dict[str, GroupMeasure]) -> None:
+    """What each group's precision adds to the out-of-range share: its share over the reference
+    group's, the one with the lowest probe KL (the closest to the trainer's numerics). Every group of
+    an asynchronous run trains on samples about equally stale, so the stale part of the share is
+    common and cancels; with no second group measured there is no reference (NaN: not judged)."""
+    probed = [m for m in groups.values() if not math.isnan(m.probe_kl) and not math.isnan(m.out_of_range)]
+    if len(probed) < 2:
+        return
+    ref = min(probed, key=lambda m: m.probe_kl)
+    for m in groups.values():
+        if not math.isnan(m.out_of_range):
+            m.out_of_range_added = max(0.0, m.out_of_range - ref.out_of_range)
 
 
 def _ledger_rate(g: str, steps: list[dict], last: list[dict], useful: float) -> tuple[float, str]:
@@ -308,8 +326,8 @@ def print_plan(console, groups: dict[str, GroupMeasure], plan: Plan, budget: flo
 
     table = Table(title=f"plan: {budget:g} USD/h budget")
     for col in ("group", "accel.", "USD/h", "replicas", "tok/s/rep.", "tok/sample", "useful",
-                "k3", "k3/min", "k3 growth", "out-of-range", "stale", "probe KL", "useful/h/rep.",
-                "useful/USD", "planned", "why not"):
+                "k3", "k3/min", "k3 growth", "out-of-range", "oor added", "stale", "probe KL",
+                "useful/h/rep.", "useful/USD", "planned", "why not"):
         table.add_column(col, justify="left" if col in ("group", "accelerator", "why not") else "right")
     for n, m in groups.items():
         per_usd = m.useful_per_hour / m.price if m.price else math.nan
@@ -317,7 +335,8 @@ def print_plan(console, groups: dict[str, GroupMeasure], plan: Plan, budget: flo
                       _fmt(m.tokens_per_s / max(m.replicas, 1e-9), ".0f"), _fmt(m.tokens_per_sample, ".1f"),
                       _fmt(m.useful_share, ".3f"), _fmt(m.k3), _fmt(m.k3_ratio, ".2f"),
                       _fmt(m.k3_growth, ".2f"),
-                      _fmt(m.out_of_range, ".4f"), _fmt(m.staleness, ".2f"), _fmt(m.probe_kl),
+                      _fmt(m.out_of_range, ".4f"), _fmt(m.out_of_range_added, ".4f"),
+                      _fmt(m.staleness, ".2f"), _fmt(m.probe_kl),
                       _fmt(m.useful_per_hour, ".0f"), _fmt(per_usd, ".0f"), str(plan.counts[n]),
                       plan.excluded.get(n, "") or plan.unmeasured.get(n, ""))
     console.print(table)

@@ -31,7 +31,10 @@ LIMIT_KEYS: dict[str, str] = {
     "max_k3": "the group's mean k3 of trained samples (staleness included)",
     "max_k3_ratio": "the group's mean k3 over the lowest group's in the same run (staleness included)",
     "max_k3_growth": "the group's mean k3 over the run's last third / its first (staleness included)",
-    "max_out_of_range": "the group's share of policy tokens with ratio outside [c_min, c_max]",
+    "max_out_of_range": "the group's share of policy tokens with ratio outside [c_min, c_max] "
+                        "(staleness included)",
+    "max_out_of_range_added": "the group's out-of-range share over that of the run's group with the "
+                              "lowest probe KL (what its precision adds: the shared stale part cancels)",
     "max_staleness": "the group's mean staleness (trainer versions behind) of trained samples",
     "max_probe_kl": "the group's mean version-probe KL",
 }

@@ -17,7 +17,7 @@ import pytest
 import yaml
 from loop_configs import TINY_LOOP
 
-from experiments.plan import plan_main
+from experiments.plan import plan_main, read_run
 from experiments.plan_solve import Item, load_limits, solve
 from experiments.report.limits import limits_from
 from trainer_jax.cli import main as cli_main
@@ -45,6 +45,8 @@ def write_run(run_dir: Path, groups: dict[str, dict], steps: int = 60, prices: d
                         f"group/{g}/tokens_per_s": m["tokens_per_s"], f"group/{g}/k3": m.get("k3", 0.01),
                         f"group/{g}/out_of_range": m.get("out_of_range", 0.0), f"group/{g}/dropped": 0.0,
                         f"group/{g}/staleness": m.get("staleness", 1.0)})
+            if "probe_kl" in m:
+                row[f"group/{g}/probe_kl"] = m["probe_kl"]
         rows.append(row)
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     if prices is not None:
@@ -127,8 +129,9 @@ def test_default_limits_judge_what_a_precision_adds(greedy_trap, tmp_path, capsy
     (staleness included); ``--limits writeup`` is the write-up's figures, k3 keys included."""
     run, _ = greedy_trap
     limits = load_limits()
-    assert {k for k, v in limits.values.items() if v is not None} <= {"max_probe_kl", "max_out_of_range"}
-    assert limits.values["max_out_of_range"] == 0.003 and "interim" in limits.source
+    bounded = {k for k, v in limits.values.items() if v is not None}
+    assert bounded <= {"max_probe_kl", "max_out_of_range_added"}
+    assert limits.values["max_out_of_range_added"] == 0.003 and "interim" in limits.source
     writeup = load_limits("writeup")
     assert writeup.values["max_k3_ratio"] == 4.7 and writeup.values["max_k3_growth"] == 2.0
     assert writeup.path == "experiments/plan_limits_writeup.yaml" and "write-up" in writeup.source
@@ -144,11 +147,38 @@ def test_default_limits_judge_what_a_precision_adds(greedy_trap, tmp_path, capsy
     assert "k3_ratio 50 > max_k3_ratio 4.7" in excluded["c"]
 
 
+def test_the_default_judges_the_out_of_range_share_a_precision_adds(tmp_path, capsys):
+    """Issue 48 item 5: every group of an asynchronous run trains on stale samples, so their
+    out-of-range shares share a stale part (a 100-step local_mixed run: 1.75 % for bf16 at probe KL
+    1.9e-4). The default limit judges a group's share over the lowest-probe-KL group's: at 0.003,
+    a group adding exactly 0.003 is kept, one adding 0.0031 is not, and the reference itself adds 0
+    however large its own share."""
+    groups = {
+        "ref": {"tokens_per_s": tokens_per_s(5000), "out_of_range": 0.02, "probe_kl": 1e-5},
+        "edge": {"tokens_per_s": tokens_per_s(5000), "out_of_range": 0.0225, "probe_kl": 1e-3},
+        "over": {"tokens_per_s": tokens_per_s(5000), "out_of_range": 0.0231, "probe_kl": 2e-3},
+        # a lower share than the reference's adds nothing (clamped at 0), whatever its probe KL
+        "low": {"tokens_per_s": tokens_per_s(5000), "out_of_range": 0.01, "probe_kl": 5e-3},
+    }
+    run = write_run(tmp_path / "run", groups, prices={g: ("H100", 1.0) for g in groups})
+    measured = read_run(run)
+    assert measured["ref"].out_of_range_added == 0.0 and measured["low"].out_of_range_added == 0.0
+    assert measured["edge"].out_of_range_added == pytest.approx(0.0025)
+    assert plan_main([str(run), "--budget", "8", "--out", str(tmp_path / "p.yaml")]) == 0
+    doc = yaml.safe_load((tmp_path / "p.yaml").read_text())
+    assert set(doc["excluded"]) == {"over"}, doc["excluded"]
+    assert doc["excluded"]["over"].startswith("out_of_range_added 0.0031 > max_out_of_range_added 0.003")
+    # One probed group only: no reference, nothing judged on the added share (the absolute share is
+    # the staleness-inclusive max_out_of_range, not in the default).
+    alone = write_run(tmp_path / "alone", {"x": groups["over"]}, prices={"x": ("H100", 1.0)})
+    assert math.isnan(read_run(alone)["x"].out_of_range_added)
+
+
 def test_a_short_run_is_unmeasured_and_planned_on_cost_alone(tmp_path, capsys):
     """Fewer RL steps than --min-rl-steps: no limit is applied, the group is planned on its cost
     with "unmeasured — run longer" and one warning; at the threshold the limits apply again."""
-    groups = {"fast": {"tokens_per_s": tokens_per_s(9000), "out_of_range": 0.5},
-              "slow": {"tokens_per_s": tokens_per_s(3000)}}
+    groups = {"fast": {"tokens_per_s": tokens_per_s(9000), "out_of_range": 0.5, "probe_kl": 1e-2},
+              "slow": {"tokens_per_s": tokens_per_s(3000), "probe_kl": 1e-5}}
     prices = {"fast": ("H100", 5.0), "slow": ("A100", 5.0)}
     for steps, unmeasured in ((8, True), (49, True), (50, False)):
         run = write_run(tmp_path / f"run{steps}", groups, steps=steps, prices=prices)
@@ -163,7 +193,7 @@ def test_a_short_run_is_unmeasured_and_planned_on_cost_alone(tmp_path, capsys):
             assert counts == {"fast": 2, "slow": 0} and "planned on cost alone" in text
         else:
             assert doc["unmeasured"] == {}
-            assert "out_of_range 0.5 > max_out_of_range" in doc["excluded"]["fast"]
+            assert "out_of_range_added 0.5 > max_out_of_range_added" in doc["excluded"]["fast"]
             assert counts == {"fast": 0, "slow": 2}
     assert plan_main([str(tmp_path / "run8"), "--budget", "10", "--min-rl-steps", "8",
                       "--out", str(tmp_path / "p.yaml")]) == 0  # the threshold is the user's
