@@ -15,7 +15,7 @@ from experiments.report.figures import BOUNDED, COLLAPSED, GROWTH, cell_phase, r
 from experiments.report.grid import Grid
 from experiments.report.growth import k3_trend
 from experiments.report.runs import RunResult
-from experiments.report.seed_claims import REPRODUCED, group_kl_points, verdicts
+from experiments.report.seed_claims import NOT_REPRODUCED, REPRODUCED, group_kl_points, verdicts
 from experiments.report.summary import main as summary_main
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -50,8 +50,10 @@ def test_claim_4_counts_in_policy_tokens(tmp_path):
     # `long` 300. Out-of-range tokens a step: long 300 x 0.02 = 6, short 100 x 0.05 = 5 (of 11).
     # Per sample long looks over-represented (6/11 / 0.5 = 1.09x vs 0.91x); per policy token
     # short is (5/11 / 0.25 = 1.82x = its rate 0.05 over the pool's 11/400) and it has the larger k3.
+    # Three runs alike: the per-run interval's n (issue 48's rule needs 3).
     groups = {"long": (0.5, 300.0, 0.02, 0.01), "short": (0.5, 100.0, 0.05, 0.2)}
-    _run(tmp_path, "mixed", "grpo", groups=groups)
+    for seed in range(3):
+        _run(tmp_path, "mixed", "grpo", seed, groups=groups)
     pts = {p["group"]: p for p in group_kl_points(collect(tmp_path))}
     assert math.isclose(pts["short"]["token_share"], 0.25) and math.isclose(pts["short"]["sample_share"], 0.5)
     assert math.isclose(pts["short"]["oor_share"], 5 / 11)
@@ -59,13 +61,16 @@ def test_claim_4_counts_in_policy_tokens(tmp_path):
     assert math.isclose(pts["long"]["over"], (6 / 11) / 0.75)
     c4 = verdicts(Grid.of(collect(tmp_path), LABELS, {}))[3]
     assert c4.verdict == REPRODUCED, c4.text
-    assert "`short` (k3 2.00e-01) gave 45 % of the out-of-range tokens from 25 % of the policy tokens (1.82x; 50 % of the samples)" in c4.text
+    assert "`short` (k3 2.00e-01) gave 45 % of the out-of-range tokens from 25 % of the policy tokens (1.82x; 50 % of the samples; per run 1.82 [1.82, 1.82]x, n = 3, 95 % bootstrap)" in c4.text
     assert "most over-represented: `short` (1.82x)" in c4.text and "policy tokens" in c4.text
+    # Two runs of it: not assessable, however far above 1.5x.
+    two = Grid.of([r for r in collect(tmp_path) if r.seed < 2], LABELS, {})
+    assert verdicts(two)[3].verdict == "not assessable at n = 2 (a verdict needs 3 runs)"
     # The largest-KL group under its token share: not reproduced, whatever its per-sample ratio.
     flip = tmp_path / "flip"
     _run(flip, "mixed", "grpo", groups={"long": (0.5, 300.0, 0.02, 0.2), "short": (0.5, 100.0, 0.05, 0.01)})
     c4 = verdicts(Grid.of(collect(flip), LABELS, {}))[3]
-    assert c4.verdict != REPRODUCED and "largest-KL group `long`" in c4.text and "(0.73x;" in c4.text
+    assert c4.verdict == NOT_REPRODUCED and "largest-KL group `long`" in c4.text and "(0.73x;" in c4.text
 
 
 def _result(collapse: int | None = None, rate: float = 0.0, eval_end: float = 0.5, seed: int = 0) -> RunResult:
