@@ -346,8 +346,7 @@ def readme_results(sweeps: list[SweepRuns], grid: Grid, doc: Path, readme: Path,
         parts.append(f"{s.name}: {len(ok)}/{len(s.planned) or len(s.results)} cells (seed {', '.join(map(str, seeds)) or '–'}), "
                      f"{'/'.join(map(str, steps)) or '–'} RL steps, {mode}")
     phase = phase_summary(grid.ok, grid.labels)
-    claims = "; ".join(f"({c.number}) {c.title.split(' (seed')[0]}: **{c.verdict}**"
-                       + (" (weak evidence)" if "Weak evidence" in c.text else "") for c in verdicts(grid))
+    claims = "; ".join(f"({c.number}) {c.title.split(' (seed')[0]}: **{c.verdict}**" for c in verdicts(grid))
     return (
         f"[`{_rel(doc, readme)}`]({_rel(doc, readme)}) (generated from the run directories by "
         "`python -m experiments.report.summary`): the seed's experiments — "
