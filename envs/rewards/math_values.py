@@ -186,7 +186,12 @@ def _equal_at(a: tuple, b: tuple, env: dict[str, Fraction], digits: int) -> bool
                 return False  # disjoint: different for certain
             size = max(abs(va.a), abs(va.b), abs(vb.a), abs(vb.b), iv.mpf(1)).b
             width = max(va.delta.b, vb.delta.b)
-            need = max(int(iv.mag(size) * 0.302) + 1, int(iv.mag(width) * 0.302) + digits + 1 if width else 0)
+            # The digits to add: the value's own, and those that bring the width down to the
+            # 10^-(digits + 10) it is judged by (a cancellation of huge values leaves a wide one).
+            # `> 0`, not truthiness: an mpmath interval is always true, and a width of exactly 0
+            # (two one-point intervals: \pi^0 and 1) has no magnitude (mag(0) = -inf).
+            need = max(int(iv.mag(size) * 0.302) + 1,
+                       int(iv.mag(width) * 0.302) + digits + 11 if width > 0 else 0)
             if need > MAX_MAGNITUDE:
                 raise Unparseable(f"a value or a cancellation of over {MAX_MAGNITUDE} digits")
             if need <= extra or width <= iv.mpf(10) ** -(digits + 10):

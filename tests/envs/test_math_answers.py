@@ -243,11 +243,23 @@ def test_the_public_pool_scores_rows_and_hostile_replies_without_running_them(tm
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize(("got", "want"), [("\\pi^0", "1"), ("0\\sqrt{2}", "0"), ("2^{\\pi^0}", "2"),
+                                           ("x^{\\pi^0}", "x"), ("\\sqrt{2}^0 + 1", "2")])
+def test_a_value_whose_interval_is_one_point_equals_that_number(got, want):
+    """``\\pi^0`` and ``0\\sqrt{2}`` are computed as intervals that are single points ([1, 1],
+    [0, 0]); against 1 and 0 both widths are 0. They were unequal: the width tested by an mpmath
+    interval's truthiness (always true) took the magnitude of 0 (-inf), and that ValueError
+    scored the pair as no answer. Not equal to a neighbour either."""
+    assert answers_equal(got, want) and answers_equal(want, got)
+    assert not answers_equal(got, f"{want} + 1")
+
+
 def test_an_exponent_computed_as_an_interval_has_the_exact_exponents_bound():
     """``2^{10000 \\pi^0}``: its exponent is the one-point interval [10000, 10000], at the bound an
-    exact exponent may reach (``MAX_EXPONENT``, inclusive): computed (not 1), not refused; one more
+    exact exponent may reach (``MAX_EXPONENT``, inclusive): allowed, and equal to 2^{10000}; one more
     is over the bound, as for an exact exponent."""
     assert not answers_equal(f"2^{{{MAX_EXPONENT}\\pi^0}}", "1")
+    assert answers_equal(f"2^{{{MAX_EXPONENT}\\pi^0}}", f"2^{{{MAX_EXPONENT}}}")
     for text in (f"2^{{{MAX_EXPONENT + 1}\\pi^0}}", f"2^{{{MAX_EXPONENT + 1}}}"):
         with pytest.raises(Unparseable, match="an exponent over the bound"):
             answers_equal(text, "1")
@@ -256,6 +268,9 @@ def test_an_exponent_computed_as_an_interval_has_the_exact_exponents_bound():
 @pytest.mark.parametrize(("got", "want"), [
     ("\\pi + 10^{-40}", "\\pi"),  # 40 digits past the point: inside the 20 spare digits' reach
     ("(\\sqrt{2}+1)^{200} - (\\sqrt{2}-1)^{-200} + 10^{-30}", "0"),  # 10^76 - 10^76: a cancellation
+    # 10^24 - 10^24 + 10^-40: the precision grew by the value's digits alone (1) and the intervals,
+    # 10^-38 wide, met: equal, 3 digits short of the 10^-(33 + 10) it is judged by
+    ("(\\sqrt{2}+1)^{64} - (\\sqrt{2}-1)^{-64} + 10^{-40}", "0"),
 ])
 def test_a_near_miss_far_past_the_digits_written_is_still_a_miss(got, want):
     """Two values that differ are never equal, whatever digits the answers hold: the comparison
