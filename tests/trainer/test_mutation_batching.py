@@ -4,6 +4,8 @@ the other tests would let through. A sample that exactly fills a row must be pac
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -159,3 +161,17 @@ def test_pack_sequences_masks_exactly_each_sequences_targets():
     assert count == 3 and mask.tolist() == [1.0] * 9 + [0.0]
     assert targets.tolist() == [2, 3, 4] * 3 + [0]
     assert np.asarray(inputs.token_cols).tolist() == [0, 1, 2, 4, 5, 6, 8, 9, 10, 0]
+
+
+def test_non_finite_advantages_flags_whole_groups_and_refuses_other_shapes():
+    """One flag per prompt group of a [P, G] array (any NaN or inf in the group); any other shape
+    is one clear error: a [P, G, 1] array would otherwise give [P, G] flags (per sample, not per
+    group) and a flat one numpy's axis error."""
+    from trainer_jax.batching import non_finite_advantages
+
+    adv = np.array([[0.5, -0.5], [np.nan, 1.0], [np.inf, 0.0], [1.0, -1.0]], np.float32)
+    assert non_finite_advantages(adv).tolist() == [False, True, True, False]
+    for bad in (adv[..., None], adv.ravel()):
+        shape = re.escape(str(bad.shape))
+        with pytest.raises(ValueError, match=rf"^advantages must be \[P, G\], got shape {shape}$"):
+            non_finite_advantages(bad)
