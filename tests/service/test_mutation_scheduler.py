@@ -78,3 +78,35 @@ def test_a_refused_lease_names_why_with_one_slot_of_the_buffer_left():
     assert len(sched.lease(pb.LeaseRequest(session_id=s.id, max_samples=2)).tasks) == 1
     again = sched.lease(pb.LeaseRequest(session_id=s.id, max_samples=2))
     assert not again.tasks and again.reason == "session at its outstanding limit", again
+
+
+def test_totals_count_sessions_and_requeued_evaluation_samples_and_a_task_carries_its_deadline():
+    """The status totals an operator reads: every registration (``sessions``) and the evaluation
+    samples an overdue lease put back (``requeued_eval_samples``, apart from training's). A leased
+    task tells the sampler its lease's deadline in Unix milliseconds (now + ``lease_ttl_s``)."""
+    import dataclasses
+    import time
+
+    cfg = load_config(None, ["service.listen=127.0.0.1:0", "tasks.group_size=2",
+                             "tasks.sampling.max_new_tokens=8"])
+    svc = RolloutService.from_config(cfg, token="t")
+    sched, now = svc.scheduler, [1000.0]
+    sched.clock = lambda: now[0]
+    a = sched.register(pb.RegisterRequest(group="bf16", capacity=4, name="a"), "peer-a")
+    sched.register(pb.RegisterRequest(group="fp8", capacity=4, name="b"), "peer-b")
+    assert sched.snapshot()["totals"]["sessions"] == 2
+    (task_id,) = sched.add_evaluation([dataclasses.replace(svc.source.spec(1000, group_size=3),
+                                                           evaluation=True, group="bf16")])
+    sched.heartbeat(pb.HeartbeatRequest(session_id=a.id, weights_version=0))  # has loaded version 0
+    ttl = sched.cfg.lease_ttl_s
+    t0 = time.time()
+    (task,) = sched.lease(pb.LeaseRequest(session_id=a.id, max_samples=3)).tasks
+    t1 = time.time()
+    assert task.task_id == task_id and list(task.sample_indices) == [0, 1, 2]
+    assert int((t0 + ttl) * 1000) <= task.deadline_unix_ms <= int((t1 + ttl) * 1000), task.deadline_unix_ms
+    now[0] += ttl + 1
+    sched.touch(a.id)  # the session lives on; its lease is overdue
+    sched.expire()
+    assert a.id in sched.sessions and task.lease_id not in sched.leases
+    assert sched.totals["requeued_eval_samples"] == 3 and sched.totals["requeued_samples"] == 0
+    assert sched.snapshot()["totals"]["sessions"] == 2
