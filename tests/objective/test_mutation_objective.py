@@ -64,7 +64,6 @@ def test_a_batch_whose_temperature_was_set_to_zero_after_create_is_refused_by_th
         head_logprobs=[[-1.0], [-1.0]], support_ids=[[-1], [-1]], support_logprobs=[[0.0], [0.0]],
         advantages=[1.0, 1.0], loss_mask=[1.0, 1.0], seq_ids=[0, 0], temperature=1.0)
     h, w = jnp.ones((2, 3)), jnp.ones((3, 4))
-    assert np.isfinite(float(policy_loss(h, w, batch, ObjectiveConfig())[0]))
     with pytest.raises(ValueError, match=rf"^TokenBatch.temperature must be > 0, got {tau}$"):
         policy_loss(h, w, batch.replace(temperature=tau), ObjectiveConfig())
 
