@@ -10,23 +10,22 @@ step itself against one device in the default run.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from cpu_jax import cpu_jax_env
 from loop_configs import TINY_LOOP
 
 ROOT = Path(__file__).parent.parent.parent
 
 
 def _train(cfg: Path, run_dir: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
     return subprocess.run(
         [str(Path(sys.executable).parent / "mixrl-train"), "--config", str(cfg), "--run-dir", str(run_dir),
          *args],
-        env=env, capture_output=True, text=True, timeout=1200, cwd=ROOT)
+        env=cpu_jax_env(8), capture_output=True, text=True, timeout=1200, cwd=ROOT)
 
 
 @pytest.mark.slow

@@ -8,13 +8,13 @@ mesh, and weights published by process 0 only (every process taking part in the 
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
+from cpu_jax import cpu_jax_env
 
 from convert.hf_checkpoint import HFCheckpoint
 from trainer_jax.config import load_config
@@ -48,10 +48,8 @@ def test_two_processes_train_checkpoint_restore_and_publish(tmp_path):
     port = _free_port()
     procs = []
     for rank in range(2):
-        env = {**os.environ, "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "2",
-               "XLA_FLAGS": "--xla_force_host_platform_device_count=4 --xla_backend_optimization_level=0",
-               "MIXRL_COORDINATOR_ADDRESS": f"127.0.0.1:{port}", "MIXRL_NUM_PROCESSES": "2",
-               "MIXRL_PROCESS_ID": str(rank)}
+        env = cpu_jax_env(4, MIXRL_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", MIXRL_NUM_PROCESSES="2",
+                          MIXRL_PROCESS_ID=str(rank))
         cmd = [sys.executable, "-m", "trainer_jax.parallel.check", "--config", str(cfg_path), "--steps", "2",
                "--vocab-size", "128", "--checkpoint-dir", str(tmp_path / "ckpt"), "--restore-mesh", "data=8",
                "--publish-dir", str(tmp_path / "weights"), "--out", str(tmp_path / f"report{rank}.json")]
