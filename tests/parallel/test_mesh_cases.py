@@ -1,32 +1,55 @@
-"""Each module in ``cases/`` in its own process with 8 fake CPU devices.
+"""Every module in ``cases/`` in one process of its own with 8 fake CPU devices.
 
 XLA fixes the device count when JAX starts, and this process's JAX has one device (the rest of the
-suite must not be slowed or changed by eight), so every case module runs as
-``python -m pytest cases/<module>`` with ``XLA_FLAGS=--xla_force_host_platform_device_count=8``.
-On failure the inner pytest report is the assertion message.
+suite must not be slowed or changed by eight), so the case modules run as one
+``python -m pytest cases/`` with ``XLA_FLAGS=--xla_force_host_platform_device_count=8``, once for
+the file (``outcomes``: a process per module paid JAX's and pytest's start, ~4 s of CPU, eight
+times). Each module's test here reports its own cases from that run's JUnit report, with the
+inner pytest's report of a failure as the assertion message.
 """
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+from cpu_jax import cpu_jax_env
 
 HERE = Path(__file__).parent
 ROOT = HERE.parent.parent
 CASES = sorted(p.name for p in (HERE / "cases").glob("case_*.py"))
 
 
-@pytest.mark.parametrize("case", CASES)
-def test_mesh_case(case: str) -> None:
-    env = {**os.environ, "JAX_PLATFORMS": "cpu",
-           "XLA_FLAGS": "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0",
-           # The partitioner's performance notes ("involuntary full rematerialization") are noise here.
-           "TF_CPP_MIN_LOG_LEVEL": "2"}
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory) -> tuple[dict[str, list[tuple[str, str | None]]], str]:
+    """``({module: [(test, failure text or None)]}, the run's output tail)`` of one inner run."""
+    report = tmp_path_factory.mktemp("mesh-cases") / "junit.xml"
+    # TF_CPP_MIN_LOG_LEVEL=2 (cpu_jax_env): the partitioner's performance notes ("involuntary full
+    # rematerialization") are noise here. PYTEST_ADDOPTS is the outer run's (a --junitxml there
+    # would be overwritten by this run's).
+    env = {k: v for k, v in cpu_jax_env(8).items() if k != "PYTEST_ADDOPTS"}
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", str(HERE / "cases" / case)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, f"{case} failed:\n{proc.stdout[-12000:]}\n{proc.stderr[-4000:]}"
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}",
+         *(str(HERE / "cases" / case) for case in CASES)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=2400)
+    tail = f"{proc.stdout[-12000:]}\n{proc.stderr[-4000:]}"
+    found: dict[str, list[tuple[str, str | None]]] = {}
+    if report.is_file():
+        for case in ET.parse(report).iter("testcase"):
+            module = case.get("classname", "").split(".")[-1] + ".py"
+            bad = case.find("failure") if case.find("failure") is not None else case.find("error")
+            found.setdefault(module, []).append(
+                (case.get("name", "?"), None if bad is None else (bad.text or bad.get("message", "failed"))))
+    return found, tail
+
+
+@pytest.mark.timeout(2400)
+@pytest.mark.parametrize("case", CASES)
+def test_mesh_case(case: str, outcomes) -> None:
+    found, tail = outcomes
+    assert found.get(case), f"{case}: no test ran (the inner run's output):\n{tail}"
+    failed = [f"{name}:\n{text[-6000:]}" for name, text in found[case] if text is not None]
+    assert not failed, f"{case} failed:\n" + "\n".join(failed)

@@ -123,13 +123,22 @@ def test_param_and_optimizer_memory_per_device_is_at_most_a_sixth():
     assert experts.addressable_shards[0].data.shape == (4, 16, 4)  # [E, D / fsdp, F / tensor]
 
 
+# A dense layer, then a run of two MoE layers.
+MOE3 = dataclasses.replace(MOE, num_hidden_layers=3)
+
+
+@pytest.fixture(scope="module")
+def reference3(batch):
+    """Two single-device steps of the three-layer model without remat (both meshes' reference)."""
+    return _run(Learner(init_model(MOE3, seed=1), OPT, OBJ), *batch)
+
+
 @pytest.mark.parametrize("mesh_name", ["2fsdp_4tensor", "2data_2fsdp_2expert"])
-def test_remat_scan_on_a_mesh_matches_single_device_without_remat(mesh_name, batch):
+def test_remat_scan_on_a_mesh_matches_single_device_without_remat(mesh_name, batch, reference3):
     """Full remat scans the stacked layers (a dense layer, then a run of two MoE layers) with each
     stacked leaf split like its parameter; the sharded step equals one device without remat."""
-    cfg = dataclasses.replace(MOE, num_hidden_layers=3)
-    ref_results, ref_state = _run(Learner(init_model(cfg, seed=1), OPT, OBJ), *batch)
-    learner = Learner(init_model(cfg, seed=1, remat="full"), OPT, OBJ, make_mesh(**MESHES[mesh_name]))
+    ref_results, ref_state = reference3
+    learner = Learner(init_model(MOE3, seed=1, remat="full"), OPT, OBJ, make_mesh(**MESHES[mesh_name]))
     results, state = _run(learner, *batch)
     _compare(results, state, ref_results, ref_state)
 

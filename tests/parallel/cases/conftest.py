@@ -1,7 +1,7 @@
 """Runs before any case module imports JAX: 8 host-platform devices on CPU.
 
 Run one case directly with ``pytest tests/parallel/cases/case_train_step.py``;
-``tests/parallel/test_mesh_cases.py`` runs each in a fresh process from the main suite.
+``tests/parallel/test_mesh_cases.py`` runs them all in one process of their own from the main suite.
 """
 
 import os
