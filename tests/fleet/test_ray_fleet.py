@@ -217,9 +217,13 @@ def test_fleet_on_a_local_ray_cluster(cluster, tmp_path, loopback_only):
 
     loopback_only.add(_ray_processes)
 
+    # No trainer takes groups here: a buffer of 16 samples is full within the replicas' first rounds
+    # and their samplers then wait, registered and heartbeating, instead of generating up to the
+    # default 4,096 on the cores the cluster shares (38 s of the test's 102 s of CPU).
     tree = {
         "run": {"name": "fleet-test"},
-        "service": {"listen": "127.0.0.1:0", "session_ttl_s": 3.0, "heartbeat_s": 0.5},
+        "service": {"listen": "127.0.0.1:0", "session_ttl_s": 3.0, "heartbeat_s": 0.5,
+                    "buffer": {"max_trajectories": 16}},
         "tasks": {"group_size": 2, "sampling": {"max_new_tokens": 4}},
         "groups": [
             {"name": "h100", "recipe": "bf16", "accelerator": "H100", "spawn": False, "processes": 1,
