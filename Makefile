@@ -37,10 +37,12 @@ demo: $(STAMP)
 	$(VENV)/bin/mixrl-train --config configs/local_mixed.yaml
 
 # -m 'not slow': slow tests are benchmarks in disguise; run them with `make test-slow`.
-# TEST_WORKERS pytest-xdist workers, each taking whole test files (module fixtures stay shared).
+# TEST_WORKERS pytest-xdist workers, each taking whole test files (module fixtures stay shared) in
+# collection order, the longest files first (tests/conftest.py, HEAVY_FIRST).
 TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(PY) -m pytest -q -m 'not slow and not gpu' --timeout=900 --durations=15 -n $(TEST_WORKERS) --dist loadfile
+	$(PY) -m pytest -q -m 'not slow and not gpu' --timeout=900 --durations=15 -n $(TEST_WORKERS) --dist loadfile \
+		--no-loadscope-reorder
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow --timeout=3600

@@ -36,6 +36,34 @@ def pytest_unconfigure(config):
     if _own_cache:
         shutil.rmtree(_own_cache, ignore_errors=True)
 
+
+# The files that take minutes of the 2-core CI machine, longest first. `make test` hands whole
+# files to its two workers (--dist loadfile) in collection order (--no-loadscope-reorder: xdist's
+# own order, most tests first, put these one- or few-test files last, and one worker then ran the
+# last of them alone for minutes). Started first, the short files fill in around them at the end.
+# Only an order: a file missing from the list runs all the same (tests/test_suite_order.py keeps
+# the names current).
+HEAVY_FIRST = (
+    "parallel/test_mesh_cases.py",
+    "test_shipped_configs.py",
+    "parallel/test_multiprocess_training.py",
+    "fleet/test_ray_fleet.py",
+    "trainer/test_crash_recovery.py",
+    "trainer/test_train_integration.py",
+    "trainer/test_dataset_e2e.py",
+    "cost/test_cost_run.py",
+    "trainer/test_sync.py",
+    "parallel/test_multiprocess.py",
+    "models/test_device_check.py",
+)
+
+
+def pytest_collection_modifyitems(session, config, items):
+    here = os.path.dirname(__file__)
+    rank = {os.path.join(here, p): i for i, p in enumerate(HEAVY_FIRST)}
+    items.sort(key=lambda item: rank.get(str(item.path), len(rank)))  # stable: the rest keep their order
+
+
 @pytest.fixture(scope="session")
 def hf_model_dir(tmp_path_factory):
     """``hf_model_dir(name) -> (path, transformers model)``, saved once per session."""
