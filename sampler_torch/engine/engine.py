@@ -253,9 +253,9 @@ class Engine:
         if len(prompts) != len(continuations):
             raise ValueError(f"{len(prompts)} prompts but {len(continuations)} continuations")
         seqs = [[*map(int, p), *map(int, c)] for p, c in zip(prompts, continuations, strict=True)]
-        with self._applied:  # the newest load: wait for a staged one (not from generate itself)
-            while self._pending is not None and self._generating not in (None, threading.get_ident()):
-                self._applied.wait()
+        with self._applied:  # the newest load: wait for a staged one (not inside generate itself)
+            while self._pending is not None and self._generating != threading.get_ident():
+                self._applied.wait()  # a staged load is applied by the generate that holds it
             all_logits = self._logits(seqs)
         out = []
         for prompt, cont, logits in zip(prompts, continuations, all_logits, strict=True):

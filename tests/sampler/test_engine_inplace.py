@@ -205,9 +205,11 @@ def test_older_formats_stay_readable(root, tmp_path):
     _same_as_fresh(eng, _dir(root, "full", 2, "bf16"), get_recipe("bf16"))
 
 
-def test_kv_scales_follow_a_reload(tmp_path):
-    """Per-layer FP8 KV scales are stored tensors too: a full reload and a delta carry new ones
-    (and the fingerprint, which covers them) exactly as a fresh load reads them."""
+@pytest.mark.parametrize("model", ["dense_tied_gqa2", "moe_norm_topk"])
+def test_tied_moe_and_kv_scales_follow_a_reload(tmp_path, model):
+    """A tied LM head (one tensor, two fused uses), MoE experts and routers, and per-layer FP8
+    KV scales (stored tensors too): a full reload and a delta carry them, and the fingerprint
+    that covers them, exactly as a fresh load reads them."""
     from tiny_models import build_hf_model
 
     from convert.delta import encode_delta
@@ -216,7 +218,7 @@ def test_kv_scales_follow_a_reload(tmp_path):
 
     dirs = {}
     for v in (0, 1):
-        build_hf_model("dense_tied_gqa2", seed=v).save_pretrained(tmp_path / f"src{v}")
+        build_hf_model(model, seed=v).save_pretrained(tmp_path / f"src{v}")
         ckpt = HFCheckpoint(tmp_path / f"src{v}")
         dirs[v] = export_hf(ckpt.tensors(), ckpt.config, tmp_path / f"v{v}", "bf16", engines="mixrl",
                             kv_scales={0: (0.5 + v, 0.25 + v), 1: (2.0, 1.5 - v)})
