@@ -165,8 +165,8 @@ def test_pack_sequences_masks_exactly_each_sequences_targets():
 
 def test_non_finite_advantages_flags_whole_groups_and_refuses_other_shapes():
     """One flag per prompt group of a [P, G] array (any NaN or inf in the group); any other shape
-    is one clear error: a [P, G, 1] array would otherwise give [P, G] flags (per sample, not per
-    group) and a flat one numpy's axis error."""
+    is one clear error: a [P, G, 1] array would otherwise give a [P, 1] array of flags (not the
+    [P] its callers index groups with) and a flat one numpy's axis error."""
     from trainer_jax.batching import non_finite_advantages
 
     adv = np.array([[0.5, -0.5], [np.nan, 1.0], [np.inf, 0.0], [1.0, -1.0]], np.float32)
