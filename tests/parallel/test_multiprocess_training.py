@@ -2,14 +2,14 @@
 
 Process 0 hosts the rollout service and two real sampler processes; process 1 only trains, on
 the batches process 0 broadcasts. The run checkpoints (both processes write their shards),
-resumes as one process on another mesh, resumes as two again, and when one of them is killed
-the survivor names it and exits non-zero (killing process 1, then process 0).
+resumes as one process on another mesh through the GPU launcher (``--resume`` onto another
+layout, as docs/scale_out.md has a user do it), resumes as two again, and when one of them is
+killed the survivor names it and exits non-zero (killing process 1, then process 0).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -18,15 +18,20 @@ import time
 from pathlib import Path
 
 import pytest
+from cpu_jax import cpu_jax_env
 from loop_configs import TINY_LOOP
 
 ROOT = Path(__file__).parent.parent.parent
-# The single-process mesh test's tiny run, as two processes: 2 steps, a checkpoint at step 2, the
-# second group an fp8 sampler with an fp8_e4m3 KV cache (its exports take calibrated K/V scales).
+# The tiny loop as two processes: 2 steps, a checkpoint at step 2, the second group an fp8 sampler
+# with an fp8_e4m3 KV cache (its exports take calibrated K/V scales). A buffer of 16 samples (4
+# steps' worth): the samplers wait for the trainer instead of generating toward the default 4,096
+# while the processes start and compile, on the cores they share with them.
 CONFIG = (TINY_LOOP.replace("name: mesh, seed: 0, steps: 3", "name: two-processes, seed: 0, steps: 2")
           .replace("{name: int8, recipe: int8, capacity: 2}",
                    "{name: fp8, recipe: fp8, kv_cache_dtype: fp8_e4m3, capacity: 2}")
           .replace("checkpoint_every: 3", "checkpoint_every: 2")
+          .replace('service: {listen: "127.0.0.1:0"}',
+                   'service: {listen: "127.0.0.1:0", buffer: {max_trajectories: 16}}')
           + "mesh: {data: 2, fsdp: 2, tensor: 2}\n"
           + "distributed: {heartbeat_timeout_s: 20, initialization_timeout_s: 120}\n")
 
@@ -37,17 +42,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _env(devices: int, **extra: str) -> dict[str, str]:
-    return {**os.environ, "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "2",
-            "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices} "
-                         "--xla_backend_optimization_level=0", **extra}
-
-
 def _start_pair(cfg: Path, run_dir: Path, *args: str) -> list[subprocess.Popen]:
     port = _free_port()
     procs = []
     for rank in range(2):
-        env = _env(4, MIXRL_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", MIXRL_NUM_PROCESSES="2",
+        env = cpu_jax_env(4, MIXRL_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", MIXRL_NUM_PROCESSES="2",
                    MIXRL_PROCESS_ID=str(rank))
         procs.append(subprocess.Popen(
             [sys.executable, "-m", "trainer_jax.cli", "--config", str(cfg), "--run-dir", str(run_dir), *args],
@@ -98,15 +97,18 @@ def test_two_processes_train_checkpoint_resume_and_name_a_killed_process(tmp_pat
     calibration = read_manifest(tmp_path / "v2")["calibration"]
     assert calibration["data"] == "trajectories" and calibration["source_version"] == 2
 
-    # Resume as one process on another mesh (8 devices, 4 fsdp x 2 tensor).
+    # Resume as one process on another mesh (8 devices, 4 fsdp x 2 tensor), through the GPU
+    # launcher as a user restarts on one host (this took over the single-process mesh test's
+    # contract: train on a mesh, --resume through the script onto another, metrics continue).
     out = subprocess.run(
-        [sys.executable, "-m", "trainer_jax.cli", "--config", str(cfg), "--run-dir", str(run_dir),
-         "--resume", "--steps", "3", "mesh.data=1", "mesh.fsdp=4", "mesh.tensor=2"],
-        cwd=ROOT, env=_env(8), capture_output=True, text=True, timeout=900)
+        [str(ROOT / "scripts/launch_gpu_host.sh"), str(cfg), "--run-dir", str(run_dir), "--resume",
+         "--steps", "3", "mesh.data=1", "mesh.fsdp=4", "mesh.tensor=2"],
+        cwd=ROOT, env=cpu_jax_env(8, PYTHON=sys.executable), capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
     assert "resumed from step 2" in out.stdout
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert (summary["processes"], summary["steps"]) == (1, 3)
+    assert (summary["processes"], summary["devices"], summary["steps"]) == (1, 8, 3)
+    assert summary["mesh"] == {"data": 1, "fsdp": 4, "expert": 1, "context": 1, "tensor": 2}
     assert _steps(run_dir) == [1, 2, 3]
 
     # Two processes again, resuming from step 3; once they train, kill process 1.
