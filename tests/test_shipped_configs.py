@@ -34,6 +34,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from cpu_jax import cpu_jax_env
+from procs import group_alive
 from shipped_setup import (
     ROOT,
     Claims,
@@ -124,9 +126,7 @@ def shared(tmp_path_factory):
 
 
 def _env(devices: int, **extra: str) -> dict[str, str]:
-    flags = os.environ.get("XLA_FLAGS", "")
-    return activated({**os.environ, "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "2", **extra,
-                      "XLA_FLAGS": f"{flags} --xla_force_host_platform_device_count={devices}".strip()})
+    return activated(cpu_jax_env(devices, **extra))
 
 
 def _free_port() -> int:
@@ -152,19 +152,26 @@ def _port_free(port: int, wait_s: float = 30.0) -> bool:
 
 
 def _kill(proc: subprocess.Popen | None, grace_s: float = 15) -> None:
-    """SIGTERM the process group, SIGKILL what is left after ``grace_s``."""
-    if proc is None or proc.poll() is not None:
+    """SIGTERM the process group, SIGKILL what is left after ``grace_s``; returns once none of the
+    group is left, not once its leader is: a launcher's shell exits at SIGTERM while the hosts it
+    started still shut down (a TPU worker finished publishing into /mnt/disks/runs after the test
+    had removed the run dir there, and the next run refused the leftover)."""
+    if proc is None:
         return
     for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10)):
+        if not group_alive(proc.pid):
+            break
         try:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+            break
+        deadline = time.monotonic() + wait
+        while group_alive(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+    try:
+        proc.wait(timeout=10)  # reaped (its exit status kept); a zombie counts as gone above
+    except subprocess.TimeoutExpired:
+        pass
 
 
 def _tail(path: Path, n: int = 4000) -> str:
@@ -275,6 +282,13 @@ def _run(name: str, shared: dict, tmp_path: Path, model: Path, overrides: list[s
                 "--recipe", group.recipe, "--model-dir", str(model), "--token-file", str(token_file),
                 "--name", f"external-{name}", "--capacity", "64", "--weights-cache", str(tmp_path / "cache"),
                 "--exit-with-parent", str(os.getpid())]
+        if not any(g.spawn for g in cfg.groups):
+            # The run's only sampler: one torch thread, as spawned samplers have (groups[].threads).
+            # Torch's default of one per core spent twice the CPU per sample of the tiny model in
+            # thread hand-offs (gpu_host: 28.7 s vs 12.3 s for ~4,400 samples), CPU the trainers
+            # lacked. Beside spawned samplers it keeps the default: its slower rounds then lost the
+            # race to the first groups (qwen3_agentic trains two), and its group's share read 0.
+            scmd += ["--threads", "1"]
         if group.kv_cache_dtype:
             scmd += ["--recipe-override", f"kv_cache_dtype={group.kv_cache_dtype}"]
         if cfg.service.tls.enabled:
