@@ -3,11 +3,12 @@ peak RSS of a new version written into the served model, beside the same run's b
 
 A Qwen3-shaped model (default: Qwen3-0.6B's widths with 8 layers, ~280 M parameters; ``--layers
 28`` is the 0.6 B shape, ~600 M) takes one AdamW step at lr 1e-6 on the gradient of a real loss
-(``bench_weight_sync.one_adamw_step``). Versions v0 and v1 are published in bf16 and one
-quantized format (``--formats``, default ``w8a8_int8``: the ``int8`` recipe, whose modules keep
-the stored codes, so a delta applies element by element), v1 as a delta against v0 and also
-materialized in full. Then, per recipe, a fresh worker process (clean RSS) serves v0 with the
-mixrl engine on this CPU and, ``--repeats`` times, interleaved:
+(``bench_weight_sync.one_adamw_step``; ``--gradient random``: a random gradient, without JAX,
+whose first AdamW step moves every element by lr as the real one does). Versions v0 and v1 are
+published in bf16 and one quantized format (``--formats``, default ``w8a8_int8``: the ``int8``
+recipe, whose modules keep the stored codes, so a delta applies element by element), v1 as a
+delta against v0 and also materialized in full. Then, per recipe, a fresh worker process (clean
+RSS) serves v0 with the mixrl engine on this CPU and, ``--repeats`` times, interleaved:
 
 - ``full``: ``load_weights`` of v1's full directory (the tensors whose sha256 changed are read
   and compared; after an AdamW step that is every bf16 weight, and most int8 ones);
@@ -171,6 +172,8 @@ def worker(args) -> None:
             EngineForward(loaded.model, recipe)
             del loaded
 
+        if args.no_second_model:
+            continue
         steady = _live(eng, None, args.tokens)["peak"]
         r = _live(eng, second_model, args.tokens)
         r.update(wall_s=r["call_s"], pause_s=0.0, steady=steady)
@@ -187,6 +190,9 @@ def _summary(rows: dict) -> dict:
     out = {"steady_rss_mb": _stats([r["steady"] / 2**20 for rs in rows.values() for r in rs])}
     for kind in ("full", "delta", "second_model"):
         rs = rows[kind]
+        if not rs:
+            out[kind] = "not run (--no-second-model)"
+            continue
         s = {"wall_s": _stats([r["wall_s"] for r in rs]), "pause_s": _stats([r["pause_s"] for r in rs]),
              "peak_over_steady": _stats([r["peak"] / r["steady"] for r in rs])}
         if kind != "second_model":
@@ -241,8 +247,13 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=1024, help="decode steps a live reload may take")
     ap.add_argument("--threads", type=int, default=2, help="torch threads in the worker")
     ap.add_argument("--vllm", action="store_true", help="also time the vLLM backend's reload")
+    ap.add_argument("--gradient", choices=["loss", "random"], default="loss",
+                    help="the AdamW step's gradient: of a real loss (JAX), or random (no JAX)")
+    ap.add_argument("--no-second-model", action="store_true",
+                    help="skip the second-model baseline (it doubles the worker's memory)")
     ap.add_argument("--dir", default=None, help="where to write the versions (default: a temp dir)")
     ap.add_argument("--out", default="benchmarks/results/bench_reload.json")
+    ap.add_argument("--prepare", help=argparse.SUPPRESS)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--recipe", help=argparse.SUPPRESS)
     ap.add_argument("--v0", help=argparse.SUPPRESS)
@@ -252,6 +263,9 @@ def main() -> None:
     if args.worker:
         worker(args)
         return
+    if args.prepare:
+        prepare(args, Path(args.prepare))
+        return
     work = Path(tempfile.mkdtemp(prefix="bench_reload-", dir=args.dir))
     try:
         _run(args, work)
@@ -259,8 +273,34 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _run(args, work: Path) -> None:
-    from convert.delta import DELTA_VERSION, materialize
+def _sign_step(args, publish_v0) -> tuple[dict, object, dict]:
+    """``one_adamw_step``'s versions without JAX (``--gradient random``): v0 N(0, 0.02) (norms
+    1), v1 = v0 - lr (g / (|g| + eps) + wd v0) with g standard normal: AdamW's first step moves
+    every element by lr in the sign of its gradient whatever the gradient, so which stored bytes
+    change has the same statistics as after the loss's gradient; it needs no model in memory
+    (the 0.6 B shape's JAX step takes ~13 GB)."""
+    from convert.qwen3_config import Qwen3Config, hf_tensor_shapes
+
+    cfg = Qwen3Config(vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.intermediate,
+                      num_hidden_layers=args.layers, num_attention_heads=args.heads,
+                      num_key_value_heads=args.kv_heads, head_dim=args.head_dim, tie_word_embeddings=True)
+    rng = np.random.default_rng(0)
+    params = {k: (np.ones(s, np.float32) if len(s) == 1 else rng.standard_normal(s, np.float32) * 0.02)
+              for k, s in hf_tensor_shapes(cfg).items()}
+    publish_v0(params, cfg)
+    for a in params.values():
+        g = rng.standard_normal(a.shape, np.float32)
+        a -= args.lr * (g / (np.abs(g) + 1e-8) + args.weight_decay * a)
+    n = sum(a.size for a in params.values())
+    return params, cfg, {"params_m": round(n / 1e6, 1), "gradient": "random (AdamW's first step: "
+                         "lr x its sign)", "lr": args.lr, "weight_decay": args.weight_decay}
+
+
+def prepare(args, work: Path) -> None:
+    """v0 and v1 (one AdamW step) published with deltas under ``work/root``, v1 materialized
+    under ``work/full``; what it learned in ``work/prepared.json``. Run in its own process, so
+    the JAX model and both versions' tensors are gone before the workers measure."""
+    from convert.delta import materialize
     from convert.publish import publish
     from convert.store import open_store
 
@@ -269,21 +309,35 @@ def _run(args, work: Path) -> None:
     def publish_v0(v0: dict, cfg) -> None:
         publish(v0, cfg, root, 0, args.formats, delta=True, keep_last=None)
 
-    v1, cfg, info = one_adamw_step(args, publish_v0)
+    v1, cfg, info = (one_adamw_step if args.gradient == "loss" else _sign_step)(args, publish_v0)
     report: dict = {}
     publish(v1, cfg, root, 1, args.formats, delta=True, keep_last=None, report=report)
     del v1
-    store = open_store(root)
+    for fmt in args.formats:
+        materialize(open_store(root), 1, fmt, work / "full" / fmt)
+    (work / "prepared.json").write_text(json.dumps({"info": info, "report": report}))
+
+
+def _run(args, work: Path) -> None:
+    from convert.delta import DELTA_VERSION
+
+    step = [sys.executable, __file__, "--prepare", str(work), *sys.argv[1:]]
+    proc = subprocess.run(step, cwd=REPO, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"preparing the versions failed:\n{proc.stderr[-3000:]}")
+    prepared = json.loads((work / "prepared.json").read_text())
+    info, report = prepared["info"], prepared["report"]
+    root = work / "root"
     results, uptimes = {}, []
     for fmt in args.formats:
         v0_dir = root / "v00000000" / fmt
         v1_delta = root / "v00000001" / fmt
         v1_full = work / "full" / fmt
-        materialize(store, 1, fmt, v1_full)
         uptimes.append({"recipe": RECIPE_OF[fmt], "before": _uptime()})
         cmd = [sys.executable, __file__, "--worker", "--recipe", RECIPE_OF[fmt], "--v0", str(v0_dir),
                "--v1-full", str(v1_full), "--v1-delta", str(v1_delta), "--repeats", str(args.repeats),
-               "--tokens", str(args.tokens), "--threads", str(args.threads)]
+               "--tokens", str(args.tokens), "--threads", str(args.threads),
+               *(["--no-second-model"] if args.no_second_model else [])]
         proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
         if proc.returncode != 0:
             raise SystemExit(f"worker for {fmt} failed:\n{proc.stderr[-3000:]}")

@@ -70,8 +70,10 @@ from sampler_torch.tensors import to_torch
 
 #: stored bytes compared at a time (bounds the temporaries of a comparison)
 CHUNK_BYTES = 4 << 20
-#: the staging budget: this share of the served tensors' bytes, at least ``MIN_BUDGET``
-BUDGET_SHARE = 0.08
+#: the staging budget: this share of the served tensors' bytes, at least ``MIN_BUDGET`` (the
+#: served tensors are about 3/4 of a CPU engine's RSS: with the comparisons' temporaries a reload
+#: stays within 1.1x; past it changes spill to a file the pause reads back from the page cache)
+BUDGET_SHARE = 0.05
 MIN_BUDGET = 8 << 20
 
 
@@ -167,7 +169,8 @@ class Units:
         #: bytes of every served tensor, fused copies included (the staging budget's base)
         self.bytes = sum(t.nbytes for t in self.tensors.values()) + sum(fused.values())
 
-    def digest(self, sums: dict[str, int], k_scales, v_scales) -> str:
+    def digest(self, sums: dict[str, int], k_scales: list[float] | None,
+               v_scales: list[float] | None) -> str:
         """``module_fingerprint`` of the model with these sums (as a fresh load computes it)."""
         return digest_of(((k, tuple(t.shape), t.dtype, sums[k]) for k, t in self.tensors.items()),
                          (k_scales, v_scales))
@@ -188,8 +191,9 @@ class FileSource:
                  digests: dict[str, tuple[str, str]] | None):
         self.where, self.locate, self.info, self.digests = where, locate, info, digests
 
-    def rows(self, name: str, rows_per: int) -> Iterator[tuple[int, np.ndarray]]:
-        """``(first row, flat array)`` of ``rows_per`` rows at a time (the buffer is reused)."""
+    def rows(self, name: str, rows_per: int, fresh: bool = False) -> Iterator[tuple[int, np.ndarray]]:
+        """``(first row, flat array)`` of ``rows_per`` rows at a time (one buffer reused, or a
+        new one per piece with ``fresh``)."""
         dtype, shape = self.info(name)
         path, begin, end = self.locate(name)
         row = int(np.prod(shape[1:], dtype=np.int64)) if len(shape) > 1 else max(1, int(np.prod(shape)))
@@ -205,13 +209,15 @@ class FileSource:
                 if h is not None:
                     h.update(view)
                 yield (pos - begin) // (row * dtype.itemsize), np.frombuffer(view, dtype)
+                if fresh:
+                    buf = bytearray(min(step, end - pos - n))
         self._check(name, path, h)
 
     def array(self, name: str) -> np.ndarray:
-        """The whole tensor (a private copy), verified."""
+        """The whole tensor (its own memory), verified."""
         dtype, shape = self.info(name)
-        parts = [a.copy() for _, a in self.rows(name, max(1, shape[0] if shape else 1))]
-        return (np.concatenate(parts) if parts else np.zeros(0, dtype)).reshape(shape)
+        parts = [a for _, a in self.rows(name, max(1, shape[0] if shape else 1), fresh=True)]
+        return (parts[0] if len(parts) == 1 else np.zeros(0, dtype)).reshape(shape)
 
     def _check(self, name: str, path: Path, h) -> None:
         if h is None:
@@ -240,10 +246,12 @@ class MemorySource:
         return self.arrays[name]
 
 
+Source = FileSource | MemorySource
+
 # --------------------------------------------------------------------------- staging units
 
 
-def stage_unit(stage: Stage, units: Units, unit: PlainUnit | ModuleUnit, src) -> None:
+def stage_unit(stage: Stage, units: Units, unit: PlainUnit | ModuleUnit, src: Source) -> None:
     """Stage what the served tensors of ``unit`` become with the stored tensors of ``src``."""
     if isinstance(unit, PlainUnit):
         _stage_plain(stage, units, unit, src)
@@ -251,7 +259,7 @@ def stage_unit(stage: Stage, units: Units, unit: PlainUnit | ModuleUnit, src) ->
         _stage_module(stage, units, unit, src)
 
 
-def _stage_plain(stage: Stage, units: Units, unit: PlainUnit, src) -> None:
+def _stage_plain(stage: Stage, units: Units, unit: PlainUnit, src: Source) -> None:
     dtype, shape = src.info(unit.name)
     check_plain(src.where, unit.name, dtype, shape, units.lay.shapes[unit.name])
     row = shape[-1] if len(shape) > 1 else int(np.prod(shape))
@@ -265,7 +273,7 @@ def _stage_plain(stage: Stage, units: Units, unit: PlainUnit, src) -> None:
             stage.diff(unit.key, unit.tensor, r0 * row, new.reshape(-1), unit.copies)
 
 
-def _stage_module(stage: Stage, units: Units, unit: ModuleUnit, src) -> None:
+def _stage_module(stage: Stage, units: Units, unit: ModuleUnit, src: Source) -> None:
     shape = units.lay.shapes[f"{unit.name}.weight"]
     parts = {}
     for suffix, spec in units.lay.codec.tensor_specs(shape).items():
@@ -306,7 +314,8 @@ class Plan:
         fwd.rederive()
 
 
-def kv_lists(values: dict[int, tuple[float | None, float | None]], layers: int):
+def kv_lists(values: dict[int, tuple[float | None, float | None]], layers: int
+             ) -> tuple[list[float] | None, list[float] | None]:
     """Per-layer k and v scales as ``load_model`` returns them (None when no layer has one)."""
     k = [values.get(i, (None, None))[0] for i in range(layers)]
     v = [values.get(i, (None, None))[1] for i in range(layers)]

@@ -164,6 +164,7 @@ class _Run:
         return any(n in self.served.tensors for n in kv_scale_names(layer, "kv"[j]))
 
     def xor_file(self, rel: str, entry: dict, zstd) -> None:
+        """Walk one file's blob: stage or gather each tensor's changes, checking its record."""
         records = entry.get("tensors", {})
         self.records.update(records)
         names = {t.begin: n for n, t in self.served.tensors.items() if t.rel == rel}
@@ -196,7 +197,7 @@ class _Run:
             if read_rest(r, what):
                 raise DeltaError(f"{what}: longer than its base file")
 
-    def _sparse_ok(self, unit, name: str | None) -> bool:
+    def _sparse_ok(self, unit: PlainUnit | ModuleUnit | None, name: str | None) -> bool:
         """Whether the served tensor gives the stored bits back exactly (element-wise path)."""
         if not isinstance(unit, PlainUnit) or unit.rounded:
             return False
@@ -243,7 +244,7 @@ class _Run:
                     arrays[name] = self._xor(name, arrays[name])
             stage_unit(self.stage, self.units, unit, MemorySource(self.where, arrays))
 
-    def _old(self, unit, stored: list[str]) -> dict[str, np.ndarray]:
+    def _old(self, unit: PlainUnit | ModuleUnit, stored: list[str]) -> dict[str, np.ndarray]:
         """The served version's stored tensors of ``unit`` (private copies)."""
         parts = unit.module.stored_parts() if isinstance(unit, ModuleUnit) else None
         if parts is not None:
