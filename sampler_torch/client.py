@@ -193,7 +193,11 @@ class RolloutClient:
                 if code == grpc.StatusCode.NOT_FOUND and session and "session" in (e.details() or ""):
                     self._forget_session()
                     continue
-                if is_retryable(e):
+                # CANCELLED that we did not cause: a trainer shutting down cancels the calls in
+                # flight. Retried like UNAVAILABLE, so a trainer that stays away ends the sampler
+                # as "gone" (exit 1) and one that restarts is rejoined; a plain break here read
+                # the end of a run as our own stop (exit 0).
+                if is_retryable(e) or (code == grpc.StatusCode.CANCELLED and not self._closed.is_set()):
                     self._sleep(delays, start, what, e)
                     continue
                 raise RolloutError(code, e.details() or "") from None
@@ -329,7 +333,7 @@ class RolloutClient:
                 return SubmitResult(ack.task_id, ack.sample_index, _OK, duplicate=ack.duplicate)
             except grpc.RpcError as e:
                 code = e.code()
-                if is_retryable(e) and not self._closed.is_set():
+                if (is_retryable(e) or code == grpc.StatusCode.CANCELLED) and not self._closed.is_set():
                     try:
                         self._sleep(delays, start, "submit", e)
                     except RolloutError as gave_up:
