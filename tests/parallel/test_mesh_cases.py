@@ -23,9 +23,9 @@ ROOT = HERE.parent.parent
 CASES = sorted(p.name for p in (HERE / "cases").glob("case_*.py"))
 
 
-@pytest.fixture(scope="module")
-def outcomes(tmp_path_factory) -> tuple[dict[str, list[tuple[str, str | None]]], str]:
-    """``({module: [(test, failure text or None)]}, the run's output tail)`` of one inner run."""
+def _run_cases(tmp_path_factory, markers: str) -> tuple[dict[str, list[tuple[str, str | None]]], str]:
+    """``({module: [(test, failure text or None)]}, the run's output tail)`` of one inner run of the
+    case tests selected by ``markers`` (a ``-m`` expression)."""
     report = tmp_path_factory.mktemp("mesh-cases") / "junit.xml"
     # TF_CPP_MIN_LOG_LEVEL=2 (cpu_jax_env): the partitioner's performance notes ("involuntary full
     # rematerialization") are noise here. PYTEST_ADDOPTS is the outer run's (a --junitxml there
@@ -33,7 +33,7 @@ def outcomes(tmp_path_factory) -> tuple[dict[str, list[tuple[str, str | None]]],
     env = {k: v for k, v in cpu_jax_env(8).items() if k != "PYTEST_ADDOPTS"}
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}",
-         *(str(HERE / "cases" / case) for case in CASES)],
+         "-m", markers, *(str(HERE / "cases" / case) for case in CASES)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=2400)
     tail = f"{proc.stdout[-12000:]}\n{proc.stderr[-4000:]}"
     found: dict[str, list[tuple[str, str | None]]] = {}
@@ -41,9 +41,15 @@ def outcomes(tmp_path_factory) -> tuple[dict[str, list[tuple[str, str | None]]],
         for case in ET.parse(report).iter("testcase"):
             module = case.get("classname", "").split(".")[-1] + ".py"
             bad = case.find("failure") if case.find("failure") is not None else case.find("error")
-            found.setdefault(module, []).append(
-                (case.get("name", "?"), None if bad is None else (bad.text or bad.get("message", "failed"))))
+            failure = None if bad is None else (bad.text or bad.get("message", "failed"))
+            found.setdefault(module, []).append((case.get("name", "?"), failure))
     return found, tail
+
+
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory) -> tuple[dict[str, list[tuple[str, str | None]]], str]:
+    """The default run's cases: every case test not marked ``slow``."""
+    return _run_cases(tmp_path_factory, "not slow")
 
 
 @pytest.mark.timeout(2400)
@@ -53,3 +59,15 @@ def test_mesh_case(case: str, outcomes) -> None:
     assert found.get(case), f"{case}: no test ran (the inner run's output):\n{tail}"
     failed = [f"{name}:\n{text[-6000:]}" for name, text in found[case] if text is not None]
     assert not failed, f"{case} failed:\n" + "\n".join(failed)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(2400)
+def test_mesh_cases_marked_slow(tmp_path_factory) -> None:
+    """The parametrizations the default run leaves to ``make test-slow`` (each case module says why
+    its ``slow`` ones repeat what another mesh or form already checks)."""
+    found, tail = _run_cases(tmp_path_factory, "slow")
+    assert sum(len(v) for v in found.values()) >= 3, f"the slow mesh cases did not run:\n{tail}"
+    failed = [f"{m}::{name}:\n{text[-6000:]}" for m, cases in found.items() for name, text in cases
+              if text is not None]
+    assert not failed, "\n".join(failed)

@@ -133,7 +133,10 @@ def reference3(batch):
     return _run(Learner(init_model(MOE3, seed=1), OPT, OBJ), *batch)
 
 
-@pytest.mark.parametrize("mesh_name", ["2fsdp_4tensor", "2data_2fsdp_2expert"])
+# fsdp 2 x tensor 4 is `slow` (make test-slow; 46 s of compile): the sharded step and the tied model
+# run on that mesh without remat, and the remat scan's split of stacked leaves runs on the other.
+@pytest.mark.parametrize("mesh_name", [pytest.param("2fsdp_4tensor", marks=pytest.mark.slow),
+                                       "2data_2fsdp_2expert"])
 def test_remat_scan_on_a_mesh_matches_single_device_without_remat(mesh_name, batch, reference3):
     """Full remat scans the stacked layers (a dense layer, then a run of two MoE layers) with each
     stacked leaf split like its parameter; the sharded step equals one device without remat."""
@@ -143,7 +146,10 @@ def test_remat_scan_on_a_mesh_matches_single_device_without_remat(mesh_name, bat
     _compare(results, state, ref_results, ref_state)
 
 
-@pytest.mark.parametrize("axes, micro_rows", [(dict(fsdp=2, tensor=4), 2), (dict(data=4, tensor=2), 4)])
+# Two micro-batches on fsdp 2 x tensor 4 are `slow` (make test-slow; 29 s of compile): four on data 4 x
+# tensor 2 run every time.
+@pytest.mark.parametrize("axes, micro_rows", [pytest.param(dict(fsdp=2, tensor=4), 2, marks=pytest.mark.slow),
+                                              (dict(data=4, tensor=2), 4)])
 def test_micro_batching_on_a_mesh_matches_single_device(axes, micro_rows, batch, reference):
     """Rows through the model ``micro_rows`` at a time (a multiple of the batch shards, so every
     device works in every micro-batch) on a mesh: the one-device, one-shot step."""
