@@ -41,7 +41,7 @@ demo: $(STAMP)
 # collection order, the longest files first (tests/conftest.py, HEAVY_FIRST).
 TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(PY) -m pytest -q -m 'not slow and not gpu' --timeout=900 --durations=15 -n $(TEST_WORKERS) --dist loadfile \
+	$(PY) -m pytest -q -m 'not slow and not gpu' --timeout=900 --durations=40 -n $(TEST_WORKERS) --dist loadfile \
 		--no-loadscope-reorder
 
 test-slow: $(STAMP)

@@ -6,8 +6,9 @@
 Reads the run's per-group measurements from ``metrics.jsonl`` (mean over the last half of its RL
 steps): tokens/s per replica, tokens per sample, useful share (``group/<g>/useful_share`` where the
 run wrote it, else 1 - out-of-range - dropped share), k3, its growth over the run, out-of-range
-share, staleness and probe KL. Groups that break a stability limit (``--limits``; default the
-write-up's figures, ``experiments/plan_limits.yaml``) get no replica; the rest get the replica
+share, staleness and probe KL. Groups that break a stability limit (``--limits``; default
+``experiments/plan_limits.yaml``, measured by issue 48's grid: probe KL and the out-of-range share a
+group adds; ``--limits writeup``: the write-up's figures) get no replica; the rest get the replica
 counts maximising useful samples per hour within the budget (``experiments.plan_solve.solve``:
 exact). Writes ``plan.yaml``: a ``groups:`` list of ``{name, accelerator, processes,
 price_per_hour}`` that ``mixrl-train --plan`` merges into a run config and ``mixrl-fleet up
