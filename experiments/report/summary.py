@@ -147,33 +147,44 @@ def _rel(path: Path, doc: Path) -> str:
     return os.path.relpath(path, doc.parent)
 
 
+def _median_best_reward(grid: Grid, seed: int) -> float:
+    """The median over one seed's finished runs of each run's best training reward."""
+    best = [max((x.get("reward_mean") or 0.0) for x in r.records) for r in grid.ok if r.seed == seed and r.records]
+    return statistics.median(best) if best else math.nan
+
+
 def _seed_start(grid: Grid, seed: int) -> str:
     """Where one seed's runs started: held-out pass@1 before RL (cells without logit noise, whose
     evaluation is the bf16 policy's) and the median over its runs of the best training reward."""
     rs = [r for r in grid.ok if r.seed == seed]
-    best = [max((x.get("reward_mean") or 0.0) for x in r.records) for r in rs if r.records]
     return (
         f"seed {seed}: held-out pass@1 at the start of RL {fmt(nanmean([r.eval_start for r in rs if math.isnan(r.sigma)]))} "
-        f"(cells without logit noise), best training reward of a run {fmt(statistics.median(best) if best else math.nan)} (median)"
+        f"(cells without logit noise), best training reward of a run {fmt(_median_best_reward(grid, seed))} (median)"
     )
 
 
 def reading_notes(grid: Grid) -> list[str]:
     """Caveats that follow from what the grid holds (not numbers: those are in the sections)."""
-    notes = [
+    best = [max((x.get("reward_mean") or 0.0) for x in r.records) for r in grid.ok if r.records]
+    notes = [  # partial credit of a few hundredths: the chain task's prefix scoring
         "Held-out pass@1 counts a sample as passed when its reward is above 0; on the `chain` task with "
         "`scoring: prefix` that is a reply whose first characters are right, so it measures whether the policy "
         "still writes the expected form, not whether whole chains are right (training rewards, the mean "
-        "correct-prefix share, are a few hundredths)."
-    ]
+        "correct-prefix share, are a few hundredths)."] if best and statistics.median(best) < 0.1 else []
     seeds = sorted({r.seed for r in grid.ok})
-    if len(seeds) > 1:
+    starts = {round(r.eval_start, 6) for r in grid.ok if math.isnan(r.sigma) and not math.isnan(r.eval_start)}
+    if len(seeds) > 1 and len(starts) == 1:
+        notes.append(
+            f"Every seed starts RL from one shared warm start (held-out pass@1 {fmt(next(iter(starts)))} before RL): "
+            "seeds vary RL only. Best training reward of a run (median over its runs): "
+            + "; ".join(f"seed {s} {fmt(_median_best_reward(grid, s))}" for s in seeds) + "."
+        )
+    elif len(seeds) > 1:
         notes.append(
             "Each seed starts RL from its own warm start (same settings, its own initialisation and data): "
             + "; ".join(_seed_start(grid, s) for s in seeds) + ". A seed that starts low has little to lose: "
             "read its collapses against its own starting level."
         )
-    best = [max((x.get("reward_mean") or 0.0) for x in r.records) for r in grid.ok if r.records]
     reward_down = [r for r in grid.ok if r.collapse_step is not None]
     if best and reward_down and statistics.median(best) < 5 * REWARD_FLOOR:
         notes.append(
