@@ -85,14 +85,17 @@ class GroupMeasure:
                 "staleness": self.staleness, "probe_kl": self.probe_kl}
 
 
-def read_run(run_dir: str | Path, window: float = WINDOW) -> dict[str, GroupMeasure]:
-    """Per-group measurements of a run directory's ``metrics.jsonl``."""
+def read_run(run_dir: str | Path, window: float = WINDOW,
+             records: list[dict] | None = None) -> dict[str, GroupMeasure]:
+    """Per-group measurements of a run directory's ``metrics.jsonl`` (or of ``records`` already
+    read from it, e.g. an archived run's gzipped copy)."""
     from trainer_jax.diagnostics import read_metrics
 
-    try:
-        records = read_metrics(run_dir)
-    except (FileNotFoundError, ValueError) as e:
-        raise PlanError(str(e)) from None
+    if records is None:
+        try:
+            records = read_metrics(run_dir)
+        except (FileNotFoundError, ValueError) as e:
+            raise PlanError(str(e)) from None
     steps = [r for r in records if r.get("step", -1) >= 0 and any(k.startswith("group/") for k in r)]
     names = sorted({k.split("/")[1] for r in steps for k in r
                     if k.startswith("group/") and k.count("/") >= 2})

@@ -31,7 +31,6 @@ import datetime
 import json
 import math
 import sys
-import tempfile
 from pathlib import Path
 
 import yaml
@@ -97,12 +96,7 @@ class Mismatch:
 
 def run_measures(run: RunResult) -> dict[str, GroupMeasure]:
     """``mixrl-train plan``'s per-group measurements of one run, archived (gzipped metrics) or not."""
-    if (Path(run.run_dir) / "metrics.jsonl").exists():
-        return read_run(run.run_dir)
-    with tempfile.TemporaryDirectory() as tmp:
-        rows = run_metrics(run.run_dir)
-        (Path(tmp) / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-        return read_run(tmp)
+    return read_run(run.run_dir, records=run_metrics(run.run_dir))
 
 
 def eval_only_groups(run: RunResult, measures: dict[str, GroupMeasure]) -> set[str]:
