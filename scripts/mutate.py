@@ -64,7 +64,7 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
                    "tests/service/test_evaluation_tasks.py"]),
     "delta": (["convert/delta.py", "convert/delta_codec.py"],
               ["tests/convert/test_mutation_delta.py", "tests/convert/test_delta.py",
-               "tests/convert/test_delta_codec.py"]),
+               "tests/convert/test_delta_codec.py", "tests/convert/test_mutation_delta_records.py"]),
     "manifest": (["convert/manifest.py"],
                  ["tests/convert/test_mutation_manifest.py", "tests/convert/test_export_publish.py"]),
     "formats": (["convert/formats"],
