@@ -91,20 +91,26 @@ def test_train_publish_and_resume(tmp_path):
     assert (run_dir / "plots" / "probe_kl.png").exists()
     assert (run_dir / "plots" / "reward.png").exists()
     assert any((run_dir / "tensorboard").iterdir())
-    for group in ("bf16", "fp8"):  # both samplers ran and had trajectories accepted
+    for group in ("bf16", "fp8"):  # both samplers ran to the end of the run
         log = (run_dir / "logs" / f"{group}-0.log").read_text()
-        assert re.search(r"done: \d+ rounds, [1-9]\d* accepted", log), log[-2000:]
+        assert re.search(r"done: \d+ rounds, \d+ accepted", log), log[-2000:]
         assert " 0 weight failures" in log, log[-2000:]  # every delta version applied and verified
 
-    # Resume: continue to step 5 from the checkpoint; no step trained twice, fresh tasks.
-    out = _train(cfg, run_dir, "--resume", "--steps", "5")
+    # Resume: continue to step 6 from the checkpoint; no step trained twice, fresh tasks.
+    out = _train(cfg, run_dir, "--resume", "--steps", "6")
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "resumed from step 3" in out.stdout
     records = [r for r in _records(run_dir) if r["step"] > 0 and "loss" in r]
-    assert [r["step"] for r in records] == [1, 2, 3, 4, 5]
+    assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6]
     # Over the run both recipes' samples were trained on.
     shares = {g: sum(r[f"group/{g}/sample_share"] for r in records) for g in ("bf16", "fp8")}
     assert all(v > 0 for v in shares.values()), shares
+    # ... and each sampler had trajectories accepted, in the first run or the resumed one (logs
+    # are appended across runs): on a loaded machine the fp8 sampler, slower to start, finished no
+    # round before bf16's groups had fed all three first steps (CI, 2026-12-07).
+    for group in ("bf16", "fp8"):
+        log = (run_dir / "logs" / f"{group}-0.log").read_text()
+        assert re.search(r"done: \d+ rounds, [1-9]\d* accepted", log), log[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["steps"] == 5
+    assert summary["steps"] == 6
     assert int((run_dir / "weights" / "LATEST").read_text().strip()[1:]) > 3
