@@ -44,9 +44,8 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
     "linear_logsumexp": ([f"trainer_jax/kernels/linear_logsumexp/{f}.py" for f in (
                              "__init__", "_online", "api", "names", "pallas", "pallas_common", "pallas_gpu",
                              "pallas_tpu", "reference", "xla")],
-                         # (no test_mutation_ file of its own: an empty first stage would run the
-                         # whole suite in the human set's runs)
-                         ["tests/kernels/test_linear_logsumexp.py"]),
+                         ["tests/kernels/test_mutation_linear_logsumexp.py",
+                          "tests/kernels/test_linear_logsumexp.py"]),
     # test_learner's packed-forward test (24 s of compiling) is left out: the packing test
     # asserts the ids, segments and positions it feeds
     "batching": (["trainer_jax/batching.py"],
