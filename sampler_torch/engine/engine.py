@@ -89,8 +89,9 @@ class Engine:
     default, what ``mixrl-sample`` runs) compiles on CUDA and not on the CPU, where the eager step
     measured about as fast (``benchmarks/bench_sampler.py``: ``EngineForward.decode``, the
     eager one-token step, and ``sampling.sample_untruncated``) without a compile per shape.
-    On that eager path with the CPU's float32 GEMM for bf16 (kernel ``auto``) the KV cache
-    stores its bf16 values in float32: the same numbers, twice the cache memory, no per-layer
+    On that eager path for bf16 on the CPU (kernel ``auto``: attention products in float32,
+    projections on the bf16 or float32 GEMM by size, ``EngineForward``) the KV cache stores
+    its bf16 values in float32: the same numbers, twice the cache memory, no per-layer
     conversion of the cache each step.
 
     ``device``: where the model, its KV cache, the recipe's scales and the sampling step live
@@ -404,11 +405,13 @@ class Engine:
             elif decoding and fwd.fast_decode(cache):
                 # The one-token step, told what it would otherwise sync to find out.
                 run = decoding[-1] - decoding[0] == len(decoding) - 1  # sorted, distinct
+                lens = [length[s] for s in decoding]
+                longest = max(lens)
                 h = fwd.decode(torch.tensor([next_token[s] for s in decoding], device=dev),
-                               torch.tensor([length[s] - 1 for s in decoding], device=dev),
-                               cache, torch.tensor(decoding, device=dev),
-                               length=max(length[s] for s in decoding),
-                               read=slice(decoding[0], decoding[-1] + 1) if run else None)
+                               torch.tensor([n - 1 for n in lens], device=dev),
+                               cache, torch.tensor(decoding, device=dev), length=longest,
+                               read=slice(decoding[0], decoding[-1] + 1) if run else None,
+                               aligned=min(lens) == longest)
                 logits_parts.append(fwd.logits(h))
                 slot_order += decoding
                 stats.decode_tokens += len(decoding)

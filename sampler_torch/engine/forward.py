@@ -6,11 +6,15 @@ model's own ``forward``, arranged for decode throughput.
   a fused GEMM computes each output column exactly as the separate one does). Quantized
   projections (``QuantLinear``) and MoE blocks are called as modules, so every recipe keeps its
   own kernels.
-- Matmul kernel for bf16 weights: on CPU, ``kernel="auto"`` multiplies the bf16 operands with the
-  float32 GEMM (weights upcast once at load) and rounds the output to bf16. That is exactly the
-  arithmetic of a bf16 tensor-core GEMM -- bf16 x bf16 products are exact in float32,
-  accumulation in float32, output rounded to bf16 -- and this CPU's sgemm runs it about 1.7x
-  faster than its bf16 GEMM path. ``kernel="native"`` uses the bf16 GEMM.
+- Matmul kernel for bf16 weights: on CPU, ``kernel="auto"`` picks per projection between the
+  bf16 GEMM and the float32 GEMM of the same bf16 operands (weight upcast once at load, output
+  rounded to bf16). Both are the arithmetic of a bf16 tensor-core GEMM -- bf16 x bf16 products
+  are exact in float32, accumulation in float32, output rounded to bf16 -- only the summation
+  order can differ. The bf16 GEMM (oneDNN) costs ~15 us a call more on this CPU but streams half
+  the weight bytes: the float32 GEMM wins below ``_BF16_GEMM_MIN`` weight elements (the tiny
+  test and benchmark models: 4 us vs 15 us at 48 x 48), the bf16 GEMM above (2.1x at 256 x 1536,
+  2.6x at 1024 x 6144, batch 32; ``benchmarks/bench_sampler.py --size small``).
+  ``kernel="native"`` uses the bf16 GEMM everywhere, ``kernel="emulate"`` the float32 one.
 - RoPE tables and the attention mask are built once per forward, not once per layer; KV-cache
   reads of a contiguous run of slots are views, not gathers.
 
@@ -128,11 +132,24 @@ def _grouped_eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hidden: to
     return (scores.softmax(-1).to(v.dtype) @ v).view(b, nh, t, -1)
 
 
+def _mm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``F.linear(x.to(w.dtype), w).to(x.dtype)`` without the dispatch of a conversion that
+    changes nothing (decode on a small model pays per op)."""
+    if w.dtype == x.dtype:
+        return F.linear(x, w)
+    return F.linear(x.to(w.dtype), w).to(x.dtype)
+
+
 def _f32(cached: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """``cached.to(dtype).float()``: a float32 cache holds values of the compute dtype (every
     write is a compute-dtype tensor), so it is used as it is, without a copy."""
     return cached if cached.dtype == torch.float32 else cached.to(dtype).float()
 
+
+#: weight elements from which ``kernel="auto"`` on the CPU multiplies a bf16 projection with the
+#: bf16 GEMM rather than the float32 one (measured at batch 32: 256 x 256 is 50 vs 60 us, 64 x 512
+#: 28 vs 26 us, 64 x 192 19 vs 8 us)
+_BF16_GEMM_MIN = 65536
 
 _COMPILED: dict[str, object] = {}
 
@@ -151,12 +168,17 @@ def _compiled_decode():
 class _Proj:
     """One (possibly fused) projection: a weight for ``F.linear`` or the recipe's module(s)."""
 
-    def __init__(self, modules: list[nn.Module], mm_dtype: torch.dtype):
+    def __init__(self, modules: list[nn.Module], mm_dtype: torch.dtype,
+                 small_dtype: torch.dtype | None = None):
+        """``small_dtype``: the matmul dtype instead of ``mm_dtype`` for a (fused) weight of
+        fewer than ``_BF16_GEMM_MIN`` elements."""
         self.sizes = [m.out_features for m in modules]
         #: (module weight, flat offset in ``weight``) of a fused projection: where an in-place
         #: reload writes each module's changed elements a second time (``EngineForward.copies``)
         self.parts: list[tuple[torch.Tensor, int]] = []
         if all(type(m) is nn.Linear for m in modules):
+            if small_dtype is not None and sum(m.weight.numel() for m in modules) < _BF16_GEMM_MIN:
+                mm_dtype = small_dtype
             self.weight = torch.cat([m.weight.detach() for m in modules]).to(mm_dtype)
             self.modules = None
             offset = 0
@@ -192,9 +214,12 @@ class EngineForward:
         device = model.lm_head.weight.device
         use_sgemm = (self.dtype == torch.bfloat16 and device.type == "cpu"
                      and recipe.kernel in ("auto", "emulate"))
-        mm = torch.float32 if use_sgemm else self.dtype
-        #: bf16 operands multiplied by the float32 GEMM (see above); the decode step's
-        #: probabilities @ values product follows the same rule
+        small = torch.float32 if use_sgemm else None
+        # ``emulate`` keeps every projection on the float32 GEMM; ``auto`` picks by size
+        mm = torch.float32 if use_sgemm and recipe.kernel == "emulate" else self.dtype
+        #: the CPU's ``auto`` kernel for bf16: small projections and the decode step's
+        #: attention products (scores, probabilities @ values) multiply the bf16 operands with
+        #: the float32 GEMM (see above), and the eager engine's KV cache stores float32
         self.sgemm = use_sgemm
         self.eps = cfg.rms_norm_eps
         self.heads, self.kv_heads, self.head_dim = (cfg.num_attention_heads,
@@ -212,14 +237,14 @@ class EngineForward:
                 # q and k heads are normalised and rotated together: one weight row per head.
                 qk_norm=torch.cat([attn.q_norm.weight.expand(self.heads, self.head_dim),
                                    attn.k_norm.weight.expand(self.kv_heads, self.head_dim)]),
-                qkv=_Proj([attn.q_proj, attn.k_proj, attn.v_proj], mm),
-                o=_Proj([attn.o_proj], mm),
-                gate_up=_Proj([mlp.gate_proj, mlp.up_proj], mm) if dense else None,
-                down=_Proj([mlp.down_proj], mm) if dense else None,
+                qkv=_Proj([attn.q_proj, attn.k_proj, attn.v_proj], mm, small),
+                o=_Proj([attn.o_proj], mm, small),
+                gate_up=_Proj([mlp.gate_proj, mlp.up_proj], mm, small) if dense else None,
+                down=_Proj([mlp.down_proj], mm, small) if dense else None,
                 moe=None if dense else mlp))
         self.final_norm = model.model.norm.weight
         self.embed = model.model.embed_tokens
-        self.lm_head = _Proj([model.lm_head], mm)
+        self.lm_head = _Proj([model.lm_head], mm, small)
         # dense layers, every projection a fused plain weight (decode_step and decode need it)
         self._fused = (all(lyr["moe"] is None and lyr["qkv"].weight is not None
                            and lyr["o"].weight is not None and lyr["gate_up"].weight is not None
@@ -371,11 +396,12 @@ class EngineForward:
     @torch.inference_mode()
     def decode(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache,
                slots: torch.Tensor, *, length: int | None = None,
-               read: slice | None = None) -> torch.Tensor:
+               read: slice | None = None, aligned: bool = False) -> torch.Tensor:
         """``hidden`` for one token per row (``tokens, positions, slots [B]``) -> ``[B, D]``;
         only where ``fast_decode(cache)``. ``length`` (``max(positions) + 1``) and ``read``
         (``slots`` as a slice when they are a contiguous run) spare the device syncs of
-        computing them when the caller knows them.
+        computing them when the caller knows them; ``aligned=True`` says every position is
+        ``length - 1`` (no key to hide: the mask is skipped, the same numbers in fewer ops).
 
         The same operations on the same values as ``hidden``'s loop, in fewer of them: decode
         on a small model is bound by per-op overhead, not arithmetic. One product differs in
@@ -403,15 +429,15 @@ class EngineForward:
                 read = slice(first, first + b)  # a view instead of a gather
         cos, sin = self._rope_at(positions, cache.max_len)                  # [B, hd]
         cos, sin = cos[:, None], sin[:, None]                               # per head
-        hide = (torch.arange(length, device=dev) > positions[:, None])[:, None, None]  # [B,1,1,L]
+        hide = (None if aligned else
+                (torch.arange(length, device=dev) > positions[:, None])[:, None, None])  # [B,1,1,L]
         fill = torch.finfo(torch.float32).min
         scale = hd ** -0.5
         x = F.embedding(tokens, self.embed.weight)
+        dtype = x.dtype
         for i, lyr in enumerate(self.layers):
-            dtype = x.dtype
             h = _rms(x, lyr["ln1"], eps)
-            w = lyr["qkv"].weight
-            qkv = F.linear(h.to(w.dtype), w).to(dtype).view(b, nh + 2 * nk, hd)
+            qkv = _mm(h, lyr["qkv"].weight).view(b, nh + 2 * nk, hd)
             qk = _rope(_rms(qkv[:, : nh + nk], lyr["qk_norm"], eps), cos, sin)
             k_cache, v_cache = cache.k[i], cache.v[i]
             k_cache[slots, :, positions] = qk[:, nh:].to(k_cache.dtype)
@@ -420,19 +446,17 @@ class EngineForward:
             vv = v_cache[read, :, :length]
             # _grouped_eager at T = 1: the query heads of a KV head as rows against it.
             q = qk[:, :nh].float().view(b, nk, groups, hd)
-            probs = ((q @ kk.transpose(-1, -2)) * scale                    # [B, K, groups, L]
-                     ).masked_fill(hide, fill).softmax(-1).to(dtype)
+            scores = (q @ kk.transpose(-1, -2)) * scale                     # [B, K, groups, L]
+            if hide is not None:
+                scores = scores.masked_fill(hide, fill)
+            probs = scores.softmax(-1).to(dtype)
             if self.sgemm:  # bf16 x bf16 products, float32 sums, rounded: as the projections
                 out = (probs.float() @ _f32(vv, dtype)).to(dtype)
             else:
                 out = probs @ vv.to(dtype)
-            w = lyr["o"].weight
-            x = x + F.linear(out.view(b, nh * hd).to(w.dtype), w).to(dtype)
-            h = _rms(x, lyr["ln2"], eps)
-            w = lyr["gate_up"].weight
-            gate, up = F.linear(h.to(w.dtype), w).to(dtype).chunk(2, dim=-1)
-            w = lyr["down"].weight
-            x = x + F.linear((F.silu(gate) * up).to(w.dtype), w).to(dtype)
+            x = x + _mm(out.view(b, nh * hd), lyr["o"].weight)
+            gate, up = _mm(_rms(x, lyr["ln2"], eps), lyr["gate_up"].weight).chunk(2, dim=-1)
+            x = x + _mm(F.silu(gate) * up, lyr["down"].weight)
         return _rms(x, self.final_norm, self.eps)
 
     @torch.inference_mode()
