@@ -11,10 +11,10 @@ on a tiny model directory with a real byte-level BPE tokenizer and chat template
 written here).
 
 The overrides are only those the issue allows (``ALLOWED``: the model directory, mesh sizes,
-batch shape, new tokens, steps; process counts through the environment); every other key is as
-shipped, ``service.tls`` and the token file included, so a config that cannot start on a real
-machine for a reason these do not touch (a task a real tokenizer refuses, a token file ignored, a
-batch shape that drops samples) fails here. They run at once (``outcomes``).
+batch shape, new tokens, steps, the buffer's bound; process counts through the environment);
+every other key is as shipped, ``service.tls`` and the token file included, so a config that
+cannot start on a real machine for a reason these do not touch (a task a real tokenizer refuses,
+a token file ignored, a batch shape that drops samples) fails here. They run at once (``outcomes``).
 """
 
 from __future__ import annotations
@@ -75,11 +75,16 @@ class Case:
 # over 32 chips becomes fsdp 2 x expert 2 over two processes of 2 devices. Rows stay a multiple of
 # the batch shards (data x fsdp x expert).
 CASES = {
+# The two whose only sampler is the external one hold two steps' samples in the service's buffer
+# (16 x 8 and 32 x 8 a step): with the shipped 4,096, that sampler generated and the service scored
+# ~4,600-4,900 samples the two steps never read while the trainer compiled (72-76 rounds of 64).
     "gpu_host": Case("configs/gpu_host.yaml", "gpu_host", devices=8, overrides=[
-        "train.rows=44", "train.row_len=256", "train.max_tokens=2048"]),
+        "train.rows=44", "train.row_len=256", "train.max_tokens=2048",
+        "service.buffer.max_trajectories=256"]),
     "tpu_slice": Case("configs/tpu_slice.yaml", "tpu_slice", processes=2, devices=2, moe=True,
                       own_network=True, overrides=["mesh.fsdp=2", "mesh.expert=2", "train.rows=88",
-                                                   "train.row_len=256", "train.max_tokens=4096"]),
+                                                   "train.row_len=256", "train.max_tokens=4096",
+                                                   "service.buffer.max_trajectories=512"]),
     "qwen3_gsm8k": Case("configs/qwen3_gsm8k.yaml", "mixrl-train", overrides=[
         "train.rows=88", "train.row_len=256", "train.max_tokens=4096"]),
     # The agentic configs (env repo): prompts of ~1,300 tokens with the test tokenizer, so rows of
@@ -99,10 +104,11 @@ CASES = {
 
 
 # The keys the issue lets the test set (process counts go through the environment); the agentic
-# configs' episode budget, prompts per step and warm start too (issue 34: a short CPU form).
+# configs' episode budget, prompts per step and warm start too (issue 34: a short CPU form); the
+# buffer's bound too (issue 47: how far a sampler runs ahead of a two-step run, nothing it checks).
 ALLOWED = re.compile(r"(model\.hf_dir|mesh\.(data|fsdp|expert|tensor|dcn_data|dcn_fsdp)"
                      r"|train\.(rows|row_len|max_tokens|micro_rows|episode_tokens|prompts_per_step)|sft\.steps"
-                     r"|tasks\.sampling\.max_new_tokens|run\.steps)=")
+                     r"|tasks\.sampling\.max_new_tokens|run\.steps|service\.buffer\.max_trajectories)=")
 
 
 def test_overrides_are_the_allowed_ones():
@@ -327,9 +333,13 @@ def _run(name: str, shared: dict, tmp_path: Path, model: Path, overrides: list[s
         # Every sample of a step fits the shape (nothing carried or dropped) ...
         assert all(r["samples_too_long_total"] == 0 and r["samples_dropped_total"] == 0
                    for r in trained.values()), trained
-        # ... and the external sampler's samples were among them.
-        share = [r.get(f"group/{group.name}/sample_share", 0.0) for r in trained.values()]
-        assert sum(share) > 0, (group.name, trained)
+        # ... and, where the external sampler is the run's only one, its samples were among them;
+        # beside spawned samplers, which groups' samples fill two steps of one prompt group each
+        # is a race (qwen3_agentic: both steps took fp8's group under load), so there the service
+        # accepting its samples (below) is the check.
+        if not any(g.spawn for g in cfg.groups):
+            share = [r.get(f"group/{group.name}/sample_share", 0.0) for r in trained.values()]
+            assert sum(share) > 0, (group.name, trained)
         accepted = re.search(r"done: \d+ rounds, (\d+) accepted", sampler_log.read_text(errors="replace"))
         assert accepted and int(accepted.group(1)) > 0, logs()
         return took
