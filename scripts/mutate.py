@@ -124,7 +124,8 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
     "batch_shape": (["trainer_jax/batch_shape.py"],
                     ["tests/trainer/test_batch_shape_fit.py", "tests/trainer/test_batch_shape.py"]),
     "verifiers": (["envs/verifiers_env.py"],
-                  ["tests/envs/test_verifiers_rerender.py", "tests/envs/test_env_verifiers.py"]),
+                  ["tests/envs/test_verifiers_rerender.py", "tests/envs/test_env_verifiers.py",
+                   "tests/envs/test_mutation_verifiers.py"]),
 }
 # Left out of a run of every module: the sandbox's mutants run as root with its jail (one chowned /
 # and /tmp on the machine that ran it): name it, on a throwaway machine (docs/testing.md).
