@@ -29,7 +29,7 @@ tasks:
   env: arithmetic
   group_size: 2
   sampling: {temperature: 1.0, head_k: 4, max_new_tokens: 6}
-service: {listen: "127.0.0.1:0"}
+service: {listen: "127.0.0.1:0", buffer: {max_trajectories: 16}}  # 4 steps' worth (tests/loop_configs.py)
 groups:
   - {name: bf16, recipe: bf16, capacity: 4, threads: 1, accelerator: cpu, price_per_hour: PRICE}
 train: {prompts_per_step: 2, publish_every: 1, checkpoint_every: 2, eval_every: 0, eval_tasks: 0,

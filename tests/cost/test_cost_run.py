@@ -22,8 +22,8 @@ from trainer_jax.plan_file import plan_overrides
 
 ROOT = Path(__file__).parent.parent.parent
 CONFIG = (TINY_LOOP
-          .replace('service: {listen: "127.0.0.1:0"}',
-                   'service: {listen: "127.0.0.1:0", router: {policy: cost, max_share: 0.9}}')
+          .replace('service: {listen: "127.0.0.1:0", ',
+                   'service: {listen: "127.0.0.1:0", router: {policy: cost, max_share: 0.9}, ')
           .replace("{name: bf16, recipe: bf16, capacity: 2}",
                    "{name: bf16, recipe: bf16, capacity: 2, accelerator: H100}")
           .replace("{name: int8, recipe: int8, capacity: 2}",

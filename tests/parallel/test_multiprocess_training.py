@@ -23,15 +23,12 @@ from loop_configs import TINY_LOOP
 
 ROOT = Path(__file__).parent.parent.parent
 # The tiny loop as two processes: 2 steps, a checkpoint at step 2, the second group an fp8 sampler
-# with an fp8_e4m3 KV cache (its exports take calibrated K/V scales). A buffer of 16 samples (4
-# steps' worth): the samplers wait for the trainer instead of generating toward the default 4,096
-# while the processes start and compile, on the cores they share with them.
+# with an fp8_e4m3 KV cache (its exports take calibrated K/V scales); the tiny loop's buffer of 16
+# samples keeps the samplers from generating ahead while the processes start and compile.
 CONFIG = (TINY_LOOP.replace("name: mesh, seed: 0, steps: 3", "name: two-processes, seed: 0, steps: 2")
           .replace("{name: int8, recipe: int8, capacity: 2}",
                    "{name: fp8, recipe: fp8, kv_cache_dtype: fp8_e4m3, capacity: 2}")
           .replace("checkpoint_every: 3", "checkpoint_every: 2")
-          .replace('service: {listen: "127.0.0.1:0"}',
-                   'service: {listen: "127.0.0.1:0", buffer: {max_trajectories: 16}}')
           + "mesh: {data: 2, fsdp: 2, tensor: 2}\n"
           + "distributed: {heartbeat_timeout_s: 20, initialization_timeout_s: 120}\n")
 

@@ -41,7 +41,7 @@ tasks:
   group_size: 2
   sampling: {temperature: 1.0, head_k: 4, max_new_tokens: 6}
   mix: [{env: arithmetic, difficulty: 1}]
-service: {listen: "127.0.0.1:PORT"}
+service: {listen: "127.0.0.1:PORT", buffer: {max_trajectories: 16}}  # 4 steps' worth (tests/loop_configs.py)
 groups:
   - {name: bf16, recipe: bf16, capacity: 4, threads: 1}
 EXTRA
@@ -354,9 +354,12 @@ def test_disk_full_during_publication_and_during_checkpoint(tmp_path):
         samplers = _spawned_by(trainer.proc.pid)
         assert trainer.wait(240) == 1, trainer.output[-3000:]
         errors = [line for _, line in trainer.lines if line.startswith("error:")]
-        assert len(errors) == 1 and "File too large" in errors[0], trainer.output[-3000:]
-        assert trainer.lines[-1][1] == errors[0], "the error is the run's last word"
-        # (orbax may log its own threads' failures above it; no traceback runs through our code)
+        assert errors and "File too large" in errors[-1], trainer.output[-3000:]
+        assert trainer.lines[-1][1] == errors[-1], "the error is the run's last word"
+        # Orbax's own threads may log their failure first, as an error line of their own (one
+        # named "[process=0][thread=array_type_handler]", CI load); no other error line, and no
+        # traceback runs through our code.
+        assert all("[thread=" in e for e in errors[:-1]), errors
         assert not re.search(r'File ".*/(trainer_jax|convert)/', trainer.output), trainer.output[-3000:]
         _wait_gone(samplers, time.monotonic(), 30)
         _check_published(weights)

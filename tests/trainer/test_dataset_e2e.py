@@ -42,7 +42,7 @@ tasks:
       options: {{path: {train}, eval_path: {held_out}, prompt_key: question, answer_key: answer,
                  system_prompt: "Answer after ####.", reward: "e2e_reward:score", reward_timeout_s: 30,
                  reward_workers: 1, shuffle_seed: 7}}
-service: {{listen: "127.0.0.1:0"}}
+service: {{listen: "127.0.0.1:0", buffer: {{max_trajectories: 16}}}}  # 4 steps' worth (tests/loop_configs.py)
 groups:
   - {{name: bf16, recipe: bf16, capacity: 2}}
   - {{name: fp8, recipe: fp8, capacity: 2}}

@@ -32,7 +32,7 @@ model: {hidden_size: 32, intermediate_size: 64, num_hidden_layers: 1, num_attent
         num_key_value_heads: 1, head_dim: 16}
 sft: {steps: 0}
 tasks: {env: arithmetic, group_size: 2, sampling: {temperature: 1.0, head_k: 4, max_new_tokens: 6}}
-service: {listen: "127.0.0.1:PORT", token_file: TOKEN}
+service: {listen: "127.0.0.1:PORT", token_file: TOKEN, buffer: {max_trajectories: 8}}
 groups:
   - {name: ext, recipe: bf16, spawn: false}
 train: {prompts_per_step: 1, publish_every: 1, checkpoint_every: 1000, eval_every: 0, eval_tasks: 0,

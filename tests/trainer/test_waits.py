@@ -40,7 +40,7 @@ model: {hidden_size: 32, intermediate_size: 64, num_hidden_layers: 1, num_attent
         num_key_value_heads: 1, head_dim: 16}
 sft: {steps: 12, sequences_per_step: 8, rows: 4, row_len: 64, max_tokens: 128}
 tasks: {env: arithmetic, group_size: 2, sampling: {temperature: 1.0, head_k: 4, max_new_tokens: 6}}
-service: {listen: "127.0.0.1:PORT"}
+service: {listen: "127.0.0.1:PORT", buffer: {max_trajectories: 8}}  # 4 steps' worth (tests/loop_configs.py)
 groups:
   - {name: ext, recipe: bf16, spawn: false}
   - {name: h100-fp8, recipe: fp8, spawn: false}
