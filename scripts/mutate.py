@@ -112,7 +112,8 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
                ["tests/service/test_probe_judgement.py",
                 "tests/sampler/test_probe.py::test_probe_json_round_trips_and_malformed_files_name_the_problem",
                 "tests/sampler/test_probe.py::test_judge_tells_older_current_undecided_and_above_bound_apart",
-                "tests/sampler/test_probe.py::test_run_bounds_alarm_on_a_jump_over_the_groups_own_baseline_once"]),
+                "tests/sampler/test_probe.py::test_run_bounds_alarm_on_a_jump_over_the_groups_own_baseline_once",
+                "tests/service/test_mutation_probes.py"]),
     # not test_fleet_parts' import-time check (a fresh interpreter, timed out unmutated under load)
     "fleet": (["fleet/autoscale.py", "fleet/controller.py"],
               ["tests/fleet/test_autoscale_donor.py", "tests/fleet/test_controller_backoff.py",
