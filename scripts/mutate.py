@@ -117,7 +117,7 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
     # not test_fleet_parts' import-time check (a fresh interpreter, timed out unmutated under load)
     "fleet": (["fleet/autoscale.py", "fleet/controller.py"],
               ["tests/fleet/test_autoscale_donor.py", "tests/fleet/test_controller_backoff.py",
-               "tests/fleet/test_autoscale_edges.py"]
+               "tests/fleet/test_autoscale_edges.py", "tests/fleet/test_mutation_fleet.py"]
               + [f"tests/fleet/test_fleet_parts.py::test_{t}" for t in (
                   "autoscale_moves_a_replica_from_a_masked_or_idle_group_to_the_best_per_dollar",
                   "autoscale_reads_the_wire_status",
