@@ -107,3 +107,54 @@ def test_a_taskset_that_cannot_load_is_one_line_with_the_first_300_characters_of
         make_env("verifiers", worker_tokenizer, id="vf_echo", args=args)
     assert str(e.value) == (f"environment verifiers (id 'vf_echo'): cannot load it "
                             f"({type(raw.value).__name__}: {why[:300]})")
+
+
+def _answer_ids(tok) -> list[int]:
+    """Draw 0's secret, 4, as a reply that ends its turn."""
+    return tok.encode("4", add_special_tokens=False).ids + [tok.token_to_id("<|im_end|>")]
+
+
+@pytest.mark.parametrize("extra", [2, -1])
+def test_a_turn_whose_log_probs_do_not_match_its_tokens_is_answered_with_zeros(guess, worker_tokenizer,
+                                                                              extra):
+    # In-process use without a driver's record: the log-probs handed over do not match the turn's
+    # tokens (more or fewer). The turn is still answered (with 0.0 each), never refused.
+    ids = _answer_ids(worker_tokenizer)
+    episode = guess.start(guess.sample_task_at(np.random.default_rng(0), "t0", 0))
+    try:
+        episode.turn_logprobs = [-0.5] * (len(ids) + extra)
+        result = episode.step(ids)
+        assert (result.done, result.termination, result.reward) == (True, "answered", 1.0)
+    finally:
+        episode.close()
+
+
+def test_an_episode_waits_through_a_quiet_second_on_the_verifiers_loop(guess, worker_tokenizer):
+    # The verifiers loop busy for 1.5 s (a slow rubric, a busy machine): the episode's wait for
+    # its next event sees an empty second and keeps waiting (up to wait_s), not an error.
+    import time
+
+    ids = _answer_ids(worker_tokenizer)
+    episode = guess.start(guess.sample_task_at(np.random.default_rng(0), "t0", 0))
+    try:
+        async def busy():
+            time.sleep(1.5)  # blocks the loop itself
+
+        held = guess.loop().submit(busy())
+        result = episode.step(ids)
+        held.result(timeout=30)
+        assert (result.done, result.termination, result.reward) == (True, "answered", 1.0)
+    finally:
+        episode.close()
+
+
+def test_a_call_the_run_made_while_the_episode_closed_is_refused(guess):
+    # A request that reached the endpoint for this episode's model just before close() (the run
+    # went on before its cancellation landed) is answered 499, not left waiting for a turn.
+    from envs.verifiers_endpoint import Call
+
+    episode = guess.start(guess.sample_task_at(np.random.default_rng(0), "t0", 0))
+    late = Call(model=episode.model, prompt_ids=list(episode.tokens), stop_token_ids=[], max_tokens=None)
+    assert guess.endpoint.submit(late) is not None
+    episode.close()
+    assert late.wait(0) and (late.status, late.error) == (499, "the episode ended")
