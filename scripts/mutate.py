@@ -107,7 +107,8 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
              + [f"tests/experiments/test_plan.py::test_{t}" for t in (
                  "plan_finds_the_optimum_greedy_misses", "min_and_max_replicas",
                  "default_limits_judge_what_a_precision_adds", "solver_is_exact_against_brute_force",
-                 "bad_input_is_one_line_and_exit_2", "plan_merges_into_a_run_config")]),
+                 "bad_input_is_one_line_and_exit_2", "plan_merges_into_a_run_config")]
+             + ["tests/experiments/test_mutation_plan.py"]),
     "probes": (["trainer_jax/service/probes.py", "mixrl_wire/probe.py"],
                ["tests/service/test_probe_judgement.py",
                 "tests/sampler/test_probe.py::test_probe_json_round_trips_and_malformed_files_name_the_problem",
