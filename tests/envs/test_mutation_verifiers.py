@@ -158,3 +158,41 @@ def test_a_call_the_run_made_while_the_episode_closed_is_refused(guess):
     assert guess.endpoint.submit(late) is not None
     episode.close()
     assert late.wait(0) and (late.status, late.error) == (499, "the episode ended")
+
+
+@pytest.fixture(scope="module")
+def judged(worker_tokenizer):
+    pytest.importorskip("verifiers.v1", reason="the verifiers extra is not installed")
+    from envs.loading import make_env
+
+    env = make_env("verifiers", worker_tokenizer, id="vf_judged", args={"high": 8, "turns": 2})
+    yield env
+    env.close()
+
+
+def test_an_untrainable_trace_ahead_of_the_players_is_skipped_not_the_end_of_the_sum(judged,
+                                                                                      worker_tokenizer):
+    # vf_judged: the judge's untrainable trace (reward 5) finishes before the player's. The
+    # episode's reward is the player's alone: 1 for naming draw 0's secret (4), never 5 or 6, and
+    # never 0 (a loop that stopped at the first untrainable trace would miss the player's).
+    from envs.rollout import run_episodes
+    from mixrl_wire.sampling import SamplingParams
+
+    tok = worker_tokenizer
+    ids = tok.encode("4", add_special_tokens=False).ids + [tok.token_to_id("<|im_end|>")]
+
+    def generate(prompts, params):
+        return [SimpleNamespace(token_ids=ids, logprobs=[-0.1] * len(ids), logprobs_full=[-0.1] * len(ids),
+                                versions=[0] * len(ids), head_ids=[], head_logprobs=[], support_ids=None,
+                                support_logprobs=None) for _ in prompts]
+
+    episode = judged.start(judged.sample_task_at(np.random.default_rng(0), "t0", 0))
+    try:
+        (rec,) = run_episodes(generate, [episode], SamplingParams(max_new_tokens=16, head_k=0),
+                              max_total_tokens=512)
+        traces = episode.result.traces
+        assert [t.agent.trainable for t in traces] == [False, True], traces  # the judge's first
+        assert rec.termination == "answered" and rec.reward == 1.0, rec
+        assert episode.reward_parts == {"found": 1.0}
+    finally:
+        episode.close()
