@@ -161,10 +161,7 @@ class EnvTaskSource:
         task, env = spec.private
         if not env.single_turn:
             return None  # multi-turn: the sampler ran the sandbox; keep its reward
-        # A reply with no environment tokens (every single-turn one) is its own policy tokens:
-        # skip the masked copy, the list is made from the received bytes directly.
-        ids = record.token_ids if record.loss_mask.all() else record.policy_token_ids()
-        result = env.score(task, ids.tolist())
+        result = env.score(task, record.policy_token_ids().tolist())
         if isinstance(result, RewardResult):
             self.rewards.put((record.task_id, record.sample_index), result)
             return result.reward

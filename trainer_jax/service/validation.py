@@ -95,6 +95,10 @@ class TrajectoryRecord:
         return int(self.logprobs.shape[0])
 
     def policy_token_ids(self) -> np.ndarray:
+        # A reply with no environment tokens (every single-turn one) is its own policy tokens:
+        # no masked copy, the received ids as they are.
+        if self.loss_mask.all():
+            return self.token_ids
         return self.token_ids[self.loss_mask.astype(bool)]
 
 
