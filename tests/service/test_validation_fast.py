@@ -286,3 +286,53 @@ def test_a_field_number_beyond_protobufs_range_is_left_to_the_runtime():
     assert parse_trajectory(data) is None
     with pytest.raises(DecodeError):
         decode_trajectory(data)
+
+
+# ----- the reference at its boundaries (mutants the fast path's acceptance hid, issue 46) -------
+
+
+def test_a_record_of_exactly_max_tokens_is_judged_on_its_own_faults_not_its_length():
+    msg, ctx = _good(5, False, seed=1)
+    n = len(_get(msg, "token_ids"))
+    at_limit = dataclasses.replace(ctx, max_tokens=n)
+    assert _agree(msg, at_limit)[0] == "accepted"  # exactly the limit is allowed, on both paths
+    assert _verdict(validate_trajectory_reference, decode_trajectory(msg.SerializeToString()),
+                    at_limit)[0] == "accepted"
+    # A record at the limit with another fault goes to the reference, which names that fault.
+    versions = _get(msg, "versions")
+    versions[-1] = -1
+    ref = _agree(_set(msg, "versions", versions), at_limit)
+    assert ref[:2] == ("refused", "versions"), ref
+
+
+def test_a_version_that_falls_below_its_neighbour_but_not_below_the_first_is_refused():
+    msg, ctx = _good(2, False, seed=2)
+    p = len(_get(msg, "versions"))
+    versions = np.zeros(p, np.int32)
+    versions[p // 2:] = 2
+    versions[-1] = 1  # 0 ... 0 2 ... 2 1: never below the first, yet it decreases
+    ref = _agree(_set(msg, "versions", versions), ctx)
+    assert ref == ("refused", "versions", "versions must not decrease along the trajectory"), ref
+
+
+def test_kept_sets_of_one_token_each_are_accepted():
+    # top_p small enough that every kept set is the sampled token alone: offsets 0, 1, ..., P.
+    msg, ctx = _good(0, True, seed=3)
+    sampled = _get(msg, "token_ids")[_get(msg, "loss_mask").astype(bool)]
+    p = len(sampled)
+    msg = _set(msg, "support_indptr", np.arange(p + 1))
+    msg = _set(msg, "support_ids", sampled)
+    msg = _set(msg, "support_logprobs", np.zeros(p))
+    assert _agree(msg, ctx)[0] == "accepted"
+    assert _verdict(validate_trajectory_reference, decode_trajectory(msg.SerializeToString()),
+                    ctx)[0] == "accepted"
+
+
+def test_token_ids_without_a_shape_get_the_references_verdict():
+    # An array sent with no shape (a scalar's []) is refused as not of rank 1; the fast path
+    # must defer to that, not take a length from nowhere.
+    msg, ctx = _good(0, False, seed=4)
+    scalar = _set(msg, "token_ids", np.asarray([7], np.int32))
+    del scalar.token_ids.shape[:]  # no shape at all on the wire
+    ref = _agree(scalar, ctx)
+    assert ref == ("refused", "token_ids", "must have rank 1, got shape []"), ref
