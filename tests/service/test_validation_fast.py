@@ -336,3 +336,27 @@ def test_token_ids_without_a_shape_get_the_references_verdict():
     del scalar.token_ids.shape[:]  # no shape at all on the wire
     ref = _agree(scalar, ctx)
     assert ref == ("refused", "token_ids", "must have rank 1, got shape []"), ref
+
+
+def test_two_policy_tokens_whose_versions_decrease_are_refused():
+    msg, ctx = _good(1, False, seed=5, n=2)
+    assert len(_get(msg, "versions")) == 2
+    ref = _agree(_set(msg, "versions", np.asarray([2, 1])), ctx)
+    assert ref == ("refused", "versions", "versions must not decrease along the trajectory"), ref
+
+
+def test_a_kept_set_over_support_k_is_named_by_its_own_position_not_an_earlier_full_one():
+    # max_support 2: the kept set at position 0 holds exactly 2 ids (allowed), the one at position 1
+    # holds 3. The refusal names position 1.
+    msg, ctx = _good(0, True, seed=6, n=3)
+    sampled = _get(msg, "token_ids")[_get(msg, "loss_mask").astype(bool)]
+    assert len(sampled) == 3
+    rows = [[sampled[0], (sampled[0] + 1) % VOCAB],
+            [sampled[1], (sampled[1] + 1) % VOCAB, (sampled[1] + 2) % VOCAB],
+            [sampled[2]]]
+    msg = _set(msg, "support_indptr", np.cumsum([0] + [len(r) for r in rows]))
+    msg = _set(msg, "support_ids", np.concatenate(rows))
+    msg = _set(msg, "support_logprobs", np.full(sum(map(len, rows)), -1.0))
+    ref = _agree(msg, dataclasses.replace(ctx, max_support=2))
+    assert ref == ("refused", "support_indptr",
+                   "the kept set at policy position 1 has 3 ids, more than train.support_k = 2"), ref
