@@ -38,6 +38,19 @@ def test_a_not_ok_episodes_error_type_names_its_error_counter(error_type, expect
     assert len(_reason(error_type)) <= 40
 
 
+def _replying_four(tok):
+    """A sampler stand-in whose every reply is "4" then end-of-turn (draw 0's secret in vf_guess):
+    ``(generate, the reply's ids)``."""
+    ids = _answer_ids(tok)
+
+    def generate(prompts, params):
+        return [SimpleNamespace(token_ids=ids, logprobs=[-0.1] * len(ids), logprobs_full=[-0.1] * len(ids),
+                                versions=[0] * len(ids), head_ids=[], head_logprobs=[], support_ids=None,
+                                support_logprobs=None) for _ in prompts]
+
+    return generate, ids
+
+
 @pytest.fixture(scope="module")
 def guess(worker_tokenizer):  # tests/envs/conftest.py
     pytest.importorskip("verifiers.v1", reason="the verifiers extra is not installed")
@@ -54,13 +67,7 @@ def test_a_step_after_the_episode_ended_is_refused_by_name(guess, worker_tokeniz
     from envs.rollout import run_episodes
     from mixrl_wire.sampling import SamplingParams
 
-    tok = worker_tokenizer
-    ids = tok.encode("4", add_special_tokens=False).ids + [tok.token_to_id("<|im_end|>")]
-
-    def generate(prompts, params):
-        return [SimpleNamespace(token_ids=ids, logprobs=[-0.1] * len(ids), logprobs_full=[-0.1] * len(ids),
-                                versions=[0] * len(ids), head_ids=[], head_logprobs=[], support_ids=None,
-                                support_logprobs=None) for _ in prompts]
+    generate, ids = _replying_four(worker_tokenizer)
 
     episode = guess.start(guess.sample_task_at(np.random.default_rng(0), "t0", 0))
     try:
@@ -178,13 +185,7 @@ def test_an_untrainable_trace_ahead_of_the_players_is_skipped_not_the_end_of_the
     from envs.rollout import run_episodes
     from mixrl_wire.sampling import SamplingParams
 
-    tok = worker_tokenizer
-    ids = tok.encode("4", add_special_tokens=False).ids + [tok.token_to_id("<|im_end|>")]
-
-    def generate(prompts, params):
-        return [SimpleNamespace(token_ids=ids, logprobs=[-0.1] * len(ids), logprobs_full=[-0.1] * len(ids),
-                                versions=[0] * len(ids), head_ids=[], head_logprobs=[], support_ids=None,
-                                support_logprobs=None) for _ in prompts]
+    generate, _ = _replying_four(worker_tokenizer)
 
     episode = judged.start(judged.sample_task_at(np.random.default_rng(0), "t0", 0))
     try:
