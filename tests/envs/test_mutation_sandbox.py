@@ -7,6 +7,7 @@ for a non-root process, frozen limits. Each run here takes a few seconds at most
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import subprocess
 import sys
@@ -150,3 +151,32 @@ def test_a_process_limit_of_16_stops_a_spawner():
     with Sandbox(SandboxLimits(wall_seconds=6.0, cpu_seconds=2, max_processes=64,
                                max_output_bytes=4096)) as sb:
         assert sb.run(SPAWNER).output.startswith("spawned 40 live ")
+
+
+_UNISOLATED = """
+import json, os, time
+from envs import sandbox
+os.setgid(65534)
+os.setuid(65534)
+with sandbox.Sandbox(sandbox.SandboxLimits(wall_seconds=4), allow_unisolated=True) as box:
+    box.write_file("in.txt", "hello\\n")
+    began = time.monotonic()
+    r = box.run('cat in.txt; pwd; echo "$PATH"; cat; echo to-stderr >&2; echo done')
+    print(json.dumps({"isolated": r.isolated, "ok": r.ok, "timed_out": r.timed_out, "output": r.output,
+                      "workdir": os.path.realpath(box.workdir), "took": time.monotonic() - began}))
+"""
+
+
+def test_an_unisolated_sandbox_runs_the_command_in_its_directory_with_stdin_closed():
+    """Where no jail can be made (here: a process dropped to nobody) ``allow_unisolated=True``
+    runs the command with rlimits only, and still as the sandbox promises: in its directory, with
+    the bare PATH, stdin at end of file (a bare ``cat`` ends at once instead of waiting out the
+    wall limit on a pipe nobody writes), stderr in the output. Killed the sandbox's mutants of that
+    path (the command dropped from the argv, cwd and env swapped, stdin and stdout swapped)."""
+    out = subprocess.run([sys.executable, "-c", _UNISOLATED], capture_output=True, text=True,
+                         cwd=Path(__file__).parents[2], timeout=60)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["isolated"] is False and got["ok"] and not got["timed_out"], got
+    assert got["output"] == f"hello\n{got['workdir']}\n/usr/bin:/bin\nto-stderr\ndone\n", got
+    assert got["took"] < 3, got
