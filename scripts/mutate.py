@@ -181,6 +181,9 @@ def test_command(clone: Path, name: str, timeout: float, *, quiet: bool = False,
     tests = [t for t in tests if t not in missing]
     if missing and not quiet:
         print(f"mutate {name}: not in this commit, left out: {', '.join(missing)}")
+    if not tests:  # pytest given no path collects the whole suite (or none): never a mutant's verdict
+        sys.exit(f"mutate {name}: none of the tests {', '.join(missing)} is in this commit: nothing "
+                 "to run the mutants against")
     return f"{shlex.quote(PY)} {PYTEST} --timeout={int(timeout)} {' '.join(tests)}"
 
 

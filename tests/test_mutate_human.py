@@ -122,3 +122,18 @@ def test_the_report_counts_outcomes_and_judged_equivalents(tmp_path, monkeypatch
     assert {s["equivalent"] for s in written["survivors"]} == {None, "a test's reason"}
     # after a change of the tests only the survivor not judged equivalent runs again
     assert mutate_human.rerun_after_test_change(done, mutate_human.base.load_equivalents()) == [every[1].key]
+
+
+def test_a_stage_whose_tests_are_all_missing_is_refused(tmp_path):
+    """A pytest given no path collects the whole suite (or nothing): a stage whose mapped test files
+    are all absent from the commit must stop the run, not judge mutants by it. One present file is
+    run alone, the missing ones named."""
+    import mutate
+
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_here.py").write_text("def test_x():\n    pass\n")
+    with pytest.raises(SystemExit, match="none of the tests tests/test_gone.py"):
+        mutate.test_command(tmp_path, "sandbox", 30, tests=["tests/test_gone.py"])
+    command = mutate.test_command(tmp_path, "sandbox", 30, quiet=True,
+                                  tests=["tests/test_gone.py::test_a", "tests/test_here.py"])
+    assert command.endswith("--timeout=30 tests/test_here.py"), command
