@@ -132,7 +132,7 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
                    "tests/envs/test_mutation_verifiers.py"]),
 }
 # Left out of a run of every module: the sandbox's mutants run as root with its jail (one chowned /
-# and /tmp on the machine that ran it): name it, on a throwaway machine (docs/testing.md).
+# and /tmp on the machine that ran it): name it, inside scripts/throwaway_root.sh (docs/testing.md).
 LATER = {"sandbox"}
 # Survivors judged equivalent (no test can tell them apart), each with why: [{"file", "code" (the
 # line, stripped), "mutant" (the mutated line, or "*": any mutant of that line), "why"}], and
