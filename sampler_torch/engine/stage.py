@@ -63,6 +63,10 @@ class Stage:
         #: (tensor, offset) -> bytes of every served tensor (or its part of a fused copy) with
         #: a change: what a reload writing whole changed tensors would copy
         self.touched: dict[tuple[int, int], int] = {}
+        #: bytes of the 64-byte memory lines holding a written element, fused copies included:
+        #: memory moves whole lines, so no write of these elements moves fewer (a line shared by
+        #: two entries of one tensor counts twice: at most 64 bytes per entry over)
+        self.lines = 0
         self._spill_dir = spill_dir
         self._file = None
         self._block: torch.Tensor | None = None  # the block kept entries are copied into
@@ -126,6 +130,7 @@ class Stage:
         self.elements += e.count
         self.written += e.count * (e.target.element_size()
                                    + sum(c.element_size() for c, _ in e.copies))
+        self._count_lines(e)
         size = e.bits.nbytes + (e.idx.nbytes if e.idx is not None else 0)
         if self.memory + size > self.budget:
             self._spill(e)
@@ -133,6 +138,23 @@ class Stage:
             e.bits = self._keep(e.bits)
             e.idx = None if e.idx is None else self._keep(e.idx)
         self.entries.append(e)
+
+    def _count_lines(self, e: _Entry) -> None:
+        """Add the bytes of the memory lines ``e`` writes (``lines``), in the served tensor
+        and each fused copy."""
+        known: dict[tuple[int, int], int] = {}  # (element size, address mod 64) -> lines
+        for t, offset in [(e.target, 0), *e.copies]:
+            size = t.element_size()
+            base = t.data_ptr() + offset * size
+            key = (size, base % 64)
+            if key not in known:
+                if e.idx is None:
+                    lo, hi = base + e.start * size, base + (e.start + e.count) * size
+                    known[key] = (hi - 1) // 64 - lo // 64 + 1
+                else:
+                    line = (e.idx * size + base % 64) // 64  # ascending
+                    known[key] = 1 + int((line[1:] != line[:-1]).sum())
+            self.lines += 64 * known[key]
 
     def _keep(self, t: torch.Tensor) -> torch.Tensor:
         """A copy of ``t`` in the stage's blocks. One allocation per block, not per entry: many
