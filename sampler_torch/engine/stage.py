@@ -20,7 +20,6 @@ import dataclasses
 import os
 import tempfile
 
-import numpy as np
 import torch
 
 from sampler_torch.engine.fingerprint import as_int, sum_change, wrap64
@@ -188,19 +187,19 @@ class Stage:
         e.bits_dtype = e.bits.dtype
         e.idx = e.bits = None  # the memory goes back now
 
-    def _load(self, e: _Entry) -> tuple[torch.Tensor | None, torch.Tensor]:
+    def _load(self, e: _Entry, buf: torch.Tensor | None) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """``e``'s positions and values; a spilled entry's read into ``buf`` (valid until the
+        next entry is read)."""
         if e.spilled is None:
             return e.idx, e.bits
         offset, n_idx, n_bits = e.spilled
-        raw = bytearray(n_idx + n_bits)
-        got = os.preadv(self._file.fileno(), [raw], offset)
-        if got != len(raw):
-            raise OSError(f"reload spill file: read {got} of {len(raw)} bytes")
+        raw = buf[:n_idx + n_bits]
+        got = os.preadv(self._file.fileno(), [raw.numpy()], offset)
+        if got != raw.numel():
+            raise OSError(f"reload spill file: read {got} of {raw.numel()} bytes")
         dev = e.target.device
-        idx = None
-        if n_idx:
-            idx = torch.from_numpy(np.frombuffer(raw, _NP[e.idx_dtype], count=e.count)).to(dev)
-        bits = torch.from_numpy(np.frombuffer(raw, _NP[e.bits_dtype], offset=n_idx)).to(dev)
+        idx = raw[:n_idx].view(e.idx_dtype).to(dev) if n_idx else None
+        bits = raw[n_idx:].view(e.bits_dtype).to(dev)
         return idx, bits
 
     # ------------------------------------------------------------------ applying
@@ -208,10 +207,16 @@ class Stage:
     @torch.no_grad()
     def apply(self) -> None:
         """Write every staged change into its served tensor and the tensor's fused copies."""
+        buf = None
         if self._file is not None:
             self._file.flush()  # spilled entries are read back by descriptor
+            # one buffer for every spilled entry, not one per entry: no allocation, zeroing and
+            # page faults per entry in the pause, and the writes read the bytes just read, still
+            # in cache (measured: see the commit)
+            most = max(e.spilled[1] + e.spilled[2] for e in self.entries if e.spilled is not None)
+            buf = torch.empty(most, dtype=torch.uint8)
         for e in self.entries:
-            idx, bits = self._load(e)
+            idx, bits = self._load(e, buf)
             flat = as_int(e.target.view(-1))
             if e.dense:
                 flat[e.start:e.start + e.count] = bits
@@ -234,8 +239,5 @@ class Stage:
             self._file.close()
             self._file = None
 
-
-_NP = {torch.int8: np.int8, torch.uint8: np.uint8, torch.int16: np.int16, torch.int32: np.int32,
-       torch.int64: np.int64}
 
 __all__ = ["DENSE_SHARE", "Stage"]

@@ -166,6 +166,40 @@ def test_staged_changes_past_the_budget_spill_to_disk(root):
     _same_as_fresh(eng, _dir(root, "full", 1, "w8a8_int8"), get_recipe("int8"))
 
 
+@pytest.mark.parametrize("kind", ["delta", "full"])
+def test_spilled_bf16_changes_with_fused_copies_are_written_byte_exact(root, kind):
+    """Every entry read back from the spill file through the pause's one reused buffer (int64
+    positions, int16 values, written into the served tensor and its fused copies) gives
+    exactly a fresh load, twice in a row (the buffer holds the previous entry's bytes)."""
+    eng = Engine(_dir(root, "full", 0, "bf16"), "bf16", version=0)
+    eng.reload_budget = 1
+    for v in (1, 2):
+        eng.load_weights(_dir(root, kind, v, "bf16"), v)
+        assert eng.last_reload["spilled_bytes"] > 0
+        _same_as_fresh(eng, _dir(root, "full", v, "bf16"), get_recipe("bf16"))
+
+
+def test_stage_counts_the_memory_lines_it_writes():
+    """``Stage.lines`` (bench_reload's cache-line bound): 64 bytes per distinct 64-byte line
+    holding a written element, in the served tensor and in each fused copy."""
+    from sampler_torch.engine.stage import Stage
+
+    target = torch.zeros(4096, dtype=torch.bfloat16)
+    fused = torch.zeros(3 * 4096, dtype=torch.float32)
+    pos = torch.tensor([0, 1, 31, 32, 100, 4095])
+    new = torch.ones(pos.numel(), dtype=torch.bfloat16).view(torch.int16)
+    st = Stage(1 << 20, {})
+    st.add(None, target, 0, pos, torch.zeros_like(new), new, [(fused, 4096)])
+
+    def lines(t, offset):
+        return 64 * len({(t.data_ptr() + (offset + int(p)) * t.element_size()) // 64 for p in pos})
+
+    assert st.lines == lines(target, 0) + lines(fused, 4096)
+    st.apply()
+    assert target[pos].eq(1).all() and fused[4096 + pos].eq(1).all()
+    assert int(target.ne(0).sum()) == pos.numel() == int(fused.ne(0).sum())
+
+
 def test_older_formats_stay_readable(root, tmp_path):
     """A version-1 manifest (no per-tensor digests): its files are verified whole and every
     tensor is read. A delta_version 2 delta (no change digests) is refused in place with the
