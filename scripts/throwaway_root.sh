@@ -12,8 +12,8 @@
 # random, urandom and tty, its own pts and shm). /sys is read-only except the cgroup hierarchies,
 # which the sandbox needs writable: a command can still change the host's cgroups (its own ones
 # are created below the hierarchy roots and removed by the sandbox).
-# Needs root and a kernel with overlayfs and unprivileged-free unshare (any container running as
-# root with CAP_SYS_ADMIN). The working directory is kept.
+# Needs root with CAP_SYS_ADMIN (mount, unshare) and overlayfs in the kernel, as in a container
+# that runs as root. The working directory is kept.
 set -euo pipefail
 
 keep=()
