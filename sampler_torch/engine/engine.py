@@ -224,7 +224,8 @@ class Engine:
         self.last_reload = {"version": served.version, "how": plan.how, "stage_s": plan.stage_s,
                             "pause_s": pause, "elements": st.elements, "bytes": st.written,
                             "touched_bytes": sum(st.touched.values()), "spilled_bytes": st.spilled,
-                            "read_tensors": plan.read_tensors}
+                            "read_tensors": plan.read_tensors,
+                            "lines_bytes": st.lines if st.count_lines else None}
         self._applied.notify_all()
         return pause
 

@@ -51,6 +51,11 @@ class Stage:
     """Changes staged against the served tensors; ``sums`` follows each keyed tensor's
     ``tensor_sum`` as entries are added (the fingerprint after ``apply``)."""
 
+    #: count ``lines`` while staging (benchmarks/bench_reload.py's bound). Off by default: it is a
+    #: pass over every entry's positions per written tensor (~0.4 s of CPU for a 281 M bf16 delta
+    #: whose staging takes ~0.55 s), a figure no reload needs.
+    count_lines = False
+
     def __init__(self, budget: int, sums: dict[str, int], spill_dir: str | None = None):
         self.budget = budget
         self.sums = dict(sums)
@@ -62,9 +67,10 @@ class Stage:
         #: (tensor, offset) -> bytes of every served tensor (or its part of a fused copy) with
         #: a change: what a reload writing whole changed tensors would copy
         self.touched: dict[tuple[int, int], int] = {}
-        #: bytes of the 64-byte memory lines holding a written element, fused copies included:
-        #: memory moves whole lines, so no write of these elements moves fewer (a line shared by
-        #: two entries of one tensor counts twice: at most 64 bytes per entry over)
+        #: bytes of the 64-byte memory lines holding a written element, fused copies included
+        #: (only with ``count_lines``): memory moves whole lines, so no write of these elements
+        #: moves fewer (a line shared by two entries of one tensor counts twice: at most 64 bytes
+        #: per entry over)
         self.lines = 0
         self._spill_dir = spill_dir
         self._file = None
@@ -129,7 +135,8 @@ class Stage:
         self.elements += e.count
         self.written += e.count * (e.target.element_size()
                                    + sum(c.element_size() for c, _ in e.copies))
-        self._count_lines(e)
+        if self.count_lines:
+            self._count_lines(e)
         size = e.bits.nbytes + (e.idx.nbytes if e.idx is not None else 0)
         if self.memory + size > self.budget:
             self._spill(e)

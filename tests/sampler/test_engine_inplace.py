@@ -188,7 +188,11 @@ def test_stage_counts_the_memory_lines_it_writes():
     fused = torch.zeros(3 * 4096, dtype=torch.float32)
     pos = torch.tensor([0, 1, 31, 32, 100, 4095])
     new = torch.ones(pos.numel(), dtype=torch.bfloat16).view(torch.int16)
+    off = Stage(1 << 20, {})  # serving's default: no pass over the positions for a figure
+    off.add(None, target, 0, pos, torch.zeros_like(new), new, [(fused, 4096)])
+    assert off.lines == 0
     st = Stage(1 << 20, {})
+    st.count_lines = True
     st.add(None, target, 0, pos, torch.zeros_like(new), new, [(fused, 4096)])
 
     def lines(t, offset):
