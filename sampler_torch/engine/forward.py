@@ -48,8 +48,14 @@ from sampler_torch.recipes.kv_cache import ScaledFP8KVCache
 
 
 def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """``weight * (x / rms(x))`` with the normalisation in float32, as ``models.qwen3.RMSNorm``."""
-    return weight * F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype)
+    """``weight * (x / rms(x))`` with the normalisation in float32, as ``models.qwen3.RMSNorm``.
+
+    ``F.rms_norm`` of a bf16/fp16 ``x`` normalises in float32 and rounds once: the same values
+    as ``F.rms_norm(x.float()).to(x.dtype)`` in two dispatches fewer (a decode step runs 13 of
+    these on the small benchmark model; ``tests/sampler/test_engine_forward.py`` pins the
+    equality). The weight is applied after the rounding, as the model does (``F.rms_norm``'s own
+    ``weight`` would multiply before it)."""
+    return weight * F.rms_norm(x, (x.shape[-1],), eps=eps)
 
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
@@ -433,6 +439,10 @@ class EngineForward:
                 (torch.arange(length, device=dev) > positions[:, None])[:, None, None])  # [B,1,1,L]
         fill = torch.finfo(torch.float32).min
         scale = hd ** -0.5
+        # every row at position ``length - 1`` in a contiguous run of slots: keys and values are
+        # stored through a view (``cache[read, :, at] = ...``) instead of an index_put of
+        # converted copies
+        at = length - 1 if aligned and isinstance(read, slice) else None
         x = F.embedding(tokens, self.embed.weight)
         dtype = x.dtype
         for i, lyr in enumerate(self.layers):
@@ -440,8 +450,12 @@ class EngineForward:
             qkv = _mm(h, lyr["qkv"].weight).view(b, nh + 2 * nk, hd)
             qk = _rope(_rms(qkv[:, : nh + nk], lyr["qk_norm"], eps), cos, sin)
             k_cache, v_cache = cache.k[i], cache.v[i]
-            k_cache[slots, :, positions] = qk[:, nh:].to(k_cache.dtype)
-            v_cache[slots, :, positions] = qkv[:, nh + nk:].to(v_cache.dtype)
+            if at is not None:  # one strided copy (with the dtype conversion) per tensor
+                k_cache[read, :, at] = qk[:, nh:]
+                v_cache[read, :, at] = qkv[:, nh + nk:]
+            else:
+                k_cache[slots, :, positions] = qk[:, nh:].to(k_cache.dtype)
+                v_cache[slots, :, positions] = qkv[:, nh + nk:].to(v_cache.dtype)
             kk = _f32(k_cache[read, :, :length], dtype)
             vv = v_cache[read, :, :length]
             # _grouped_eager at T = 1: the query heads of a KV head as rows against it.

@@ -120,3 +120,50 @@ def test_one_token_decode_step_computes_what_the_general_path_does(hf_model_dir,
     with pytest.raises(ValueError, match="past the cache length"):
         fwd.hidden(ids[:1, :1], torch.tensor([[12]]), cache=KVCache.for_model(
             model.config, slots=1, max_len=12, dtype=cache_dtype), slots=torch.tensor([0]))
+
+
+def test_rms_norm_of_bf16_rounds_once_as_the_float32_norm_then_a_cast():
+    """``forward._rms`` hands ``F.rms_norm`` the bf16 tensor itself: that must be the float32
+    normalisation rounded once to bf16 (``models.qwen3.RMSNorm``'s ``normed.to(x.dtype)``), at
+    every scale and for rows with one dominant entry (a torch that normalised in bf16 fails)."""
+    import torch.nn.functional as F
+
+    from sampler_torch.engine.forward import _rms
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 96, generator=gen) * torch.logspace(-3, 3, 64)[:, None]
+    x[::7, 3] *= 300
+    x = x.bfloat16()
+    w = torch.randn(96, generator=gen).bfloat16()
+    for eps in (1e-6, 1e-2):
+        want = w * F.rms_norm(x.float(), (96,), eps=eps).to(torch.bfloat16)
+        assert torch.equal(_rms(x, w, eps), want)
+
+
+@pytest.mark.parametrize("kernel", ["auto", "native"])
+def test_aligned_decode_stores_through_a_view_what_the_general_path_stores(hf_model_dir, kernel):
+    """``decode(aligned=True, read=slice)`` (the engine's steady step: a contiguous run of slots
+    all at one position) writes keys/values through a cache view: the same cache contents and
+    logits as the general loop's ``write``/``read``."""
+    path, _ = hf_model_dir("dense_untied_gqa4")
+    recipe = get_recipe("bf16", kernel=kernel, attention="eager")
+    model = load_model(path, recipe).model
+    fwd = EngineForward(model, recipe)
+    ids = _ids(model.config.vocab_size, (2, 7), seed=4)
+    slots = torch.tensor([1, 2])
+    got = {}
+    for cls in (KVCache, _GeneralPathCache):
+        cache = cls.for_model(model.config, slots=4, max_len=10, dtype=torch.bfloat16)
+        fwd.hidden(ids[:, :6], cache=cache, slots=slots)
+        pos = torch.tensor([6, 6])
+        if cls is KVCache:
+            h = fwd.decode(ids[:, 6], pos, cache, slots, length=7, read=slice(1, 3), aligned=True)
+        else:
+            h = fwd.hidden(ids[:, 6:7], pos[:, None], cache=cache, slots=slots)[:, 0]
+        got[cls] = [fwd.logits(h), torch.stack(cache.k).float(), torch.stack(cache.v).float()]
+    for fast, general in zip(got[KVCache], got[_GeneralPathCache], strict=True):
+        if kernel == "native":
+            assert torch.equal(fast, general)
+        else:
+            torch.testing.assert_close(fast, general, atol=2e-2, rtol=0)
+    assert got[KVCache][1][:, 1:3, :, 6].abs().sum() > 0  # the new keys landed at position 6
