@@ -147,9 +147,12 @@ def _mm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 
 def _f32(cached: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``cached.to(dtype).float()``: a float32 cache holds values of the compute dtype (every
-    write is a compute-dtype tensor), so it is used as it is, without a copy."""
-    return cached if cached.dtype == torch.float32 else cached.to(dtype).float()
+    """``cached.to(dtype).float()`` in as few dispatches as the dtypes allow: a float32 cache
+    holds values of the compute dtype (every write is a compute-dtype tensor), so it is used as
+    it is, and a cache of the compute dtype needs only the exact upcast."""
+    if cached.dtype == torch.float32:
+        return cached
+    return (cached if cached.dtype == dtype else cached.to(dtype)).float()
 
 
 #: weight elements from which ``kernel="auto"`` on the CPU multiplies a bf16 projection with the

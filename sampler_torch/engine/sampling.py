@@ -136,22 +136,38 @@ def sample_untruncated(logits: torch.Tensor, temperature: torch.Tensor | None, u
     vocab = logits.shape[1]
     z = logits.float()
     logq = torch.log_softmax(z if temperature is None else z / temperature.float()[:, None], -1)
-    cdf = logq.double().exp().cumsum(-1)
+    # exp and cumsum in place on the float64 copy: the same values, one [B, V] float64 buffer
+    # instead of three (each as large as the logits twice over)
+    cdf = logq.double().exp_().cumsum_(-1)
     # _pick with every row's last index vocab - 1: the total is the last column
     total = cdf[:, -1:]
-    target = torch.minimum(u[:, None] * total, torch.nextafter(total, torch.zeros_like(total)))
+    target = torch.minimum(u[:, None] * total, torch.nextafter(total, _zero(total)))
     tokens = torch.searchsorted(cdf, target, right=True)[:, 0].clamp_(max=vocab - 1)
     head_lp, head_ids = logq.topk(min(head_k, vocab), dim=-1, sorted=True)
     return _records(logits, tokens, logq.gather(1, tokens[:, None])[:, 0], head_lp, head_ids)
 
 
+_ZEROS: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
+_EMPTY: dict[tuple[int, torch.device], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+
+
+def _zero(like: torch.Tensor) -> torch.Tensor:
+    """A 0-d zero of ``like``'s dtype and device, made once (``nextafter``'s direction)."""
+    key = (like.dtype, like.device)
+    if key not in _ZEROS:
+        _ZEROS[key] = torch.zeros((), dtype=like.dtype, device=like.device)
+    return _ZEROS[key]
+
+
 def _records(logits: torch.Tensor, tokens: torch.Tensor, lq: torch.Tensor,
              head_lp: torch.Tensor, head_ids: torch.Tensor) -> StepRecords:
-    b, dev = logits.shape[0], logits.device
-    return StepRecords(tokens, lq, lq, head_ids, head_lp,
-                       torch.empty(b, 0, dtype=torch.long, device=dev),
+    key = (logits.shape[0], logits.device)
+    if key not in _EMPTY:  # no support records: the same (never written) tensors every step
+        b, dev = key
+        _EMPTY[key] = (torch.empty(b, 0, dtype=torch.long, device=dev),
                        torch.empty(b, 0, dtype=torch.float32, device=dev),
                        torch.zeros(b, dtype=torch.long, device=dev))
+    return StepRecords(tokens, lq, lq, head_ids, head_lp, *_EMPTY[key])
 
 
 def sample_step(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor,
