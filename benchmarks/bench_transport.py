@@ -17,6 +17,7 @@ the JSON holds the service's server CPU per trajectory over the opaque server's 
 
     .venv/bin/python benchmarks/bench_transport.py [--clients 8] [--per-client 48] [--quick]
         [--out benchmarks/results/bench_transport.json]
+    .venv/bin/python benchmarks/bench_transport.py --parts   # the service's Python time per part
 """
 
 from __future__ import annotations
@@ -62,6 +63,29 @@ def cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def python_thread_cpu_seconds(pid: int) -> float | None:
+    """CPU time of ``pid``'s threads that run Python (the main thread's name: Python does not
+    rename its threads) as opposed to gRPC core's own named threads (``event_engine`` ...); the
+    rest of ``cpu_seconds`` is what gRPC's C core spends outside the interpreter. None off Linux."""
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            main_name = f.read().strip()
+        total = 0.0
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                    stat = f.read()
+            except OSError:
+                continue  # the thread ended
+            name = stat[stat.index("(") + 1:stat.rindex(")")]
+            if name == main_name:
+                fields = stat.rsplit(")", 1)[1].split()
+                total += int(fields[11]) + int(fields[12])
+    except OSError:
+        return None
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -72,16 +96,21 @@ def _free_port() -> int:
 # Servers: `mixrl-train serve` and a raw-socket receiver, both alive for the whole run
 
 
+def serve_overrides(args) -> list[str]:
+    """The config of the service under test (``mixrl-train serve``, and ``--parts`` in process)."""
+    return ["tasks.group_size=1", f"tasks.sampling.max_new_tokens={args.tokens}",
+            f"tasks.sampling.head_k={args.k}", f"service.vocab_size={VOCAB}",
+            "service.limits.max_message_bytes=67108864", "service.buffer.max_trajectories=100000",
+            "service.buffer.max_bytes=8589934592", f"service.max_workers={2 * args.clients + 8}"]
+
+
 def start_serve(args) -> tuple[subprocess.Popen, str, Path]:
     port = _free_port()
     summary = Path(tempfile.mkdtemp(prefix="bench-transport-")) / "summary.json"
     server = subprocess.Popen(
         [sys.executable, "-m", "trainer_jax.cli", "serve", "--listen", f"127.0.0.1:{port}",
          "--status-every", "0", "--summary-json", str(summary), "--log-level", "WARNING",
-         "tasks.group_size=1", f"tasks.sampling.max_new_tokens={args.tokens}",
-         f"tasks.sampling.head_k={args.k}", f"service.vocab_size={VOCAB}",
-         "service.limits.max_message_bytes=67108864", "service.buffer.max_trajectories=100000",
-         "service.buffer.max_bytes=8589934592", f"service.max_workers={2 * args.clients + 8}"],
+         *serve_overrides(args)],
         env={**os.environ, "MIXRL_TOKEN": TOKEN}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         text=True, cwd=REPO)
     line = server.stdout.readline()
@@ -139,6 +168,81 @@ def opaque_server(port_q) -> None:
     port_q.put(server.add_insecure_port("127.0.0.1:0"))
     server.start()
     server.wait_for_termination()
+
+
+# ------------------------------------------------------------------------------------------------
+# --parts: where the service's own Python time goes, in process, one thread
+
+
+def ingest_parts(args, rounds: int = 3, per_round: int = 400) -> dict:
+    """Thread CPU (ms per trajectory) of each part of the real lease and submit paths, called in
+    process without gRPC: the service's functions are wrapped with ``time.thread_time`` (each
+    wrapper adds ~0.5 us) and ``RolloutService._submit`` runs unchanged on the wire bytes.
+    Returns ``{part: [one figure per round]}``; gRPC's own cost is what the served phases add.
+    The wrappers are removed again on return."""
+    import functools
+
+    import trainer_jax.service.server as server_mod
+    from mixrl_wire import pb
+    from mixrl_wire.encoder import encode_trajectory
+    from trainer_jax.config import load_config
+    from trainer_jax.service import RolloutService
+    from trainer_jax.service.scheduler import Scheduler
+
+    spent: dict[str, float] = {}
+    originals: list[tuple[object, str, object]] = []
+
+    def timed(owner, name: str, part: str) -> None:
+        f = getattr(owner, name)
+        originals.append((owner, name, f))
+
+        @functools.wraps(f)
+        def wrapper(*a, **k):
+            t = time.thread_time()
+            try:
+                return f(*a, **k)
+            finally:
+                spent[part] = spent.get(part, 0.0) + time.thread_time() - t
+        setattr(owner, name, wrapper)
+
+    svc = RolloutService.from_config(load_config(None, serve_overrides(args)), token=TOKEN)
+    svc.source.score = svc.source.score  # an instance attribute, so that the wrapper is too
+    timed(server_mod, "decode_trajectory", "decode")
+    timed(server_mod, "validate_trajectory", "validate")
+    timed(svc.source, "score", "score")
+    timed(Scheduler, "begin_submit", "lease checks (begin_submit)")
+    timed(Scheduler, "finish_submit", "commit (finish_submit)")
+    timed(Scheduler, "_refill", "lease: task generation")
+    session = svc.scheduler.register(pb.RegisterRequest(name="parts", group="g", capacity=8), "in-process")
+    arrays = behaviour_arrays(args.tokens, args.k, 0)
+    out: dict[str, list[float]] = {}
+    try:
+        for r in range(rounds + 1):  # round 0 warms up
+            spent.clear()
+            n = 0
+            while n < per_round:
+                t = time.thread_time()
+                tasks = svc.scheduler.lease(pb.LeaseRequest(session_id=session.id, max_samples=8)).tasks
+                spent["lease total"] = spent.get("lease total", 0.0) + time.thread_time() - t
+                data = [encode_trajectory(task, i, finish_reason="length", session_id=session.id,
+                                          **arrays).data for task in tasks for i in task.sample_indices]
+                t = time.thread_time()
+                for d in data:
+                    ack = svc._submit(d)
+                    if ack.code:
+                        raise RuntimeError(f"refused: {ack.reason}")
+                    ack.SerializeToString()
+                spent["submit total"] = spent.get("submit total", 0.0) + time.thread_time() - t
+                n += len(data)
+                svc.buffer.take_groups(1 << 20, timeout=0)
+            if r:
+                for part, s in spent.items():
+                    out.setdefault(part, []).append(s / n * 1e3)
+    finally:
+        svc.buffer.close()
+        for owner, name, f in reversed(originals):
+            setattr(owner, name, f)
+    return out
 
 
 # ------------------------------------------------------------------------------------------------
@@ -215,7 +319,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=3, help="interleaved repetitions of each phase")
     p.add_argument("--quick", action="store_true", help="a smoke run: 2 clients, 4 trajectories, 1 repeat")
     p.add_argument("--out", default=str(REPO / "benchmarks/results/bench_transport.json"))
+    p.add_argument("--parts", action="store_true",
+                   help="only the service's own Python time per part, in process (no gRPC, no JSON)")
     args = p.parse_args(argv)
+    if args.parts:
+        print(f"service Python thread CPU, ms per {args.tokens}-token trajectory (K = {args.k}), "
+              "min / median / max of 3 rounds:")
+        for part, ms in sorted(ingest_parts(args).items()):
+            print(f"  {part:<30} {min(ms):.3f} / {float(np.median(ms)):.3f} / {max(ms):.3f}")
+        return 0
     if args.quick:
         args.clients, args.per_client, args.repeats = 2, 4, 1
 
@@ -253,19 +365,24 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for mode in phases:
             barrier.wait(timeout=600)
-            t0, s0 = time.perf_counter(), cpu_seconds(server_pid[mode])
+            pid = server_pid[mode]
+            t0, s0, py0 = time.perf_counter(), cpu_seconds(pid), python_thread_cpu_seconds(pid)
             got = [out.get(timeout=600) for _ in procs]
             wall = time.perf_counter() - t0
-            s1 = cpu_seconds(server_pid[mode])
+            s1, py1 = cpu_seconds(pid), python_thread_cpu_seconds(pid)
             n, client_cpu = sum(g[0] for g in got), sum(g[1] for g in got)
             server_ms = None if s0 is None or s1 is None else (s1 - s0) / n * 1e3
+            python_ms = None if py0 is None or py1 is None else (py1 - py0) / n * 1e3
             runs[mode].append({"trajectories": n, "seconds": wall, "trajectories_per_s": n / wall,
                                "MB_per_s": n * len(payload) / wall / 1e6,
                                "client_cpu_ms_per_trajectory": client_cpu / n * 1e3,
-                               "server_cpu_ms_per_trajectory": server_ms})
+                               "server_cpu_ms_per_trajectory": server_ms,
+                               # of which the server's Python threads (RPC workers, gRPC's poller)
+                               "server_python_threads_cpu_ms_per_trajectory": python_ms})
             server_txt = "n/a" if server_ms is None else f"{server_ms:.2f}"
+            python_txt = "" if python_ms is None else f" (Python threads {python_ms:.2f})"
             print(f"{mode:>6}: {n / wall:8.1f} traj/s {n * len(payload) / wall / 1e6:8.1f} MB/s  cpu ms/traj "
-                  f"client {client_cpu / n * 1e3:.2f} server {server_txt}", flush=True)
+                  f"client {client_cpu / n * 1e3:.2f} server {server_txt}{python_txt}", flush=True)
         for proc in procs:
             proc.join(timeout=60)
             if proc.exitcode != 0:
@@ -284,7 +401,8 @@ def main(argv: list[str] | None = None) -> int:
     def median(mode: str) -> dict:
         ordered = sorted(runs[mode], key=lambda r: r["MB_per_s"])
         cpu = {k: float(np.median([r[k] for r in runs[mode] if r[k] is not None] or [np.nan]))
-               for k in ("client_cpu_ms_per_trajectory", "server_cpu_ms_per_trajectory")}
+               for k in ("client_cpu_ms_per_trajectory", "server_cpu_ms_per_trajectory",
+                         "server_python_threads_cpu_ms_per_trajectory")}
         return {**ordered[len(ordered) // 2], "runs_MB_per_s": [r["MB_per_s"] for r in runs[mode]],
                 "median_cpu_ms_per_trajectory": cpu}
 
@@ -301,9 +419,24 @@ def main(argv: list[str] | None = None) -> int:
         return a / b if np.isfinite(a) and np.isfinite(b) and b > 0 else None
 
     cpu_ratios = {"stream": server_cpu_ratio(stream), "unary": server_cpu_ratio(unary)}
+
+    def paired_ratios(mode: str) -> list[float]:
+        """Repeat i's server CPU per trajectory over the opaque phase of the same repeat (run
+        seconds apart): a load swing between repeats moves both sides of each pair alike."""
+        out = []
+        for r, o in zip(runs[mode], runs["opaque"], strict=True):
+            a, b = r["server_cpu_ms_per_trajectory"], o["server_cpu_ms_per_trajectory"]
+            if a is not None and b:
+                out.append(a / b)
+        return out
+
+    paired = {mode: paired_ratios(mode) for mode in ("stream", "unary")}
     for name, ratio in cpu_ratios.items():
+        pairs = paired[name]
         print(f"server CPU per trajectory, {name} / opaque: "
-              + ("n/a (too few trajectories for the clock)" if ratio is None else f"{ratio:.2f}x"))
+              + ("n/a (too few trajectories for the clock)" if ratio is None else f"{ratio:.2f}x")
+              + (f"; per repeat min / median / max {min(pairs):.2f} / {float(np.median(pairs)):.2f} / "
+                 f"{max(pairs):.2f}x" if pairs else ""))
     result = {
         "benchmark": "bench_transport",
         "command": "python benchmarks/bench_transport.py" + (" --quick" if args.quick else ""),
@@ -321,6 +454,9 @@ def main(argv: list[str] | None = None) -> int:
         # 10 ms ticks saw too little, as in --quick); goal at most 1.3 for SubmitStream.
         "server_cpu_ratio_stream_vs_opaque": cpu_ratios["stream"],
         "server_cpu_ratio_unary_vs_opaque": cpu_ratios["unary"],
+        # The same ratio per repeat (each phase over the opaque phase of its own repeat).
+        "server_cpu_ratio_stream_vs_opaque_per_repeat": paired["stream"],
+        "server_cpu_ratio_unary_vs_opaque_per_repeat": paired["unary"],
         "server_cpu_target_ratio": 1.3,
         "server": {"accepted": served["totals"].get("accepted", 0),
                    "rejected": served["totals"].get("rejected", 0)},
