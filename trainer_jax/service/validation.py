@@ -367,7 +367,10 @@ def _rows_have_repeats(ids: np.ndarray) -> bool:
         return bool((s[:, 1:] == s[:, :-1]).any())
     h = k // 2
     cols = np.empty((k + h, p), np.uint16)  # the columns, then the first h again: rotation = slice
-    cols[:k] = ids.T  # casting to uint16 keeps the low 16 bits (two's complement for negatives)
+    # Casting to uint16 keeps the low 16 bits (two's complement for negatives). Cast first, in
+    # the [P, K] order (one contiguous pass), then transpose 2-byte items: ~10 % less time
+    # than the transposing int32 -> uint16 cast (12 of 123 us at P = 4096, K = 20).
+    cols[:k] = ids.astype(np.uint16).T
     cols[k:] = cols[:h]
     eq = np.empty((k, p), bool)
     for shift in range(1, h + 1):
