@@ -420,8 +420,9 @@ class EngineForward:
         decode shapes), and a float32 cache (the eager engine's, holding bf16 values) is read
         without conversion. ``tests/sampler/test_engine_forward.py`` holds the two paths equal.
         Rows stay 2-D (``F.linear`` is one GEMM call, no folding of a length-1 axis), heads
-        need no transposes at T = 1, keys and values are stored by plain indexing, and the
-        mask is one row per sequence.
+        need no transposes at T = 1, keys and values are stored by plain indexing (through a
+        cache view, converting as they are copied, when ``aligned`` and the slots are a
+        contiguous run), and the mask is one row per sequence (none when ``aligned``).
         """
         b = tokens.shape[0]
         dev = tokens.device
