@@ -333,15 +333,20 @@ class EngineForward:
         """``rope_cos_sin(positions)`` (sin with rotate_half's signs) read from tables of
         positions ``0..length-1`` built once per cache length (the same elementwise values),
         instead of a dozen ops per forward."""
-        key = (length, positions.device)
+        tables = self._rope_tables(length, positions.device)
+        return tables[0][positions], tables[1][positions]
+
+    def _rope_tables(self, length: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(cos, sin with rotate_half's signs)`` of positions ``0..length-1``, ``[length, hd]``."""
+        key = (length, device)
         tables = self._rope.get(key)
         if tables is None:
             hd = self.head_dim
-            cos, sin = rope_cos_sin(torch.arange(length, device=positions.device), hd,
+            cos, sin = rope_cos_sin(torch.arange(length, device=device), hd,
                                     self.config.rope_theta)
             tables = (cos, torch.cat([-sin[..., : hd // 2], sin[..., hd // 2:]], dim=-1))
             self._rope = {key: tables}  # one cache length at a time (a new dict: no reader races)
-        return tables[0][positions], tables[1][positions]
+        return tables
 
     @torch.inference_mode()
     def hidden(self, input_ids: torch.Tensor, positions: torch.Tensor | None = None,
@@ -437,8 +442,11 @@ class EngineForward:
             read = slots
             if b == 1 or bool((slots == torch.arange(first, first + b, device=dev)).all()):
                 read = slice(first, first + b)  # a view instead of a gather
-        cos, sin = self._rope_at(positions, cache.max_len)                  # [B, hd]
-        cos, sin = cos[:, None], sin[:, None]                               # per head
+        if aligned:  # one position for every row: its table row, broadcast (no gather)
+            cos, sin = (t[length - 1] for t in self._rope_tables(cache.max_len, dev))  # [hd]
+        else:
+            cos, sin = self._rope_at(positions, cache.max_len)              # [B, hd]
+            cos, sin = cos[:, None], sin[:, None]                           # per head
         hide = (None if aligned else
                 (torch.arange(length, device=dev) > positions[:, None])[:, None, None])  # [B,1,1,L]
         fill = torch.finfo(torch.float32).min
