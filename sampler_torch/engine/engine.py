@@ -355,6 +355,7 @@ class Engine:
         free = list(range(n_slots - 1, -1, -1))
         running: dict[int, Request] = {}       # slot -> request, admitted and not finished
         decoding: list[int] = []                # slots with a sampled token still to feed
+        decode_slots: tuple[list[int], torch.Tensor | None] = ([], None)  # decoding's last tensor
         step = 0
         while waiting or running:
             if should_stop is not None and should_stop():
@@ -408,11 +409,15 @@ class Engine:
                 run = decoding[-1] - decoding[0] == len(decoding) - 1  # sorted, distinct
                 lens = [length[s] for s in decoding]
                 longest = max(lens)
+                aligned = min(lens) == longest
+                if decoding != decode_slots[0]:  # the slots tensor is rebuilt only when they change
+                    decode_slots = (decoding, torch.tensor(decoding, device=dev))
                 h = fwd.decode(torch.tensor([next_token[s] for s in decoding], device=dev),
-                               torch.tensor([n - 1 for n in lens], device=dev),
-                               cache, torch.tensor(decoding, device=dev), length=longest,
+                               torch.full((len(decoding),), longest - 1, device=dev) if aligned
+                               else torch.tensor([n - 1 for n in lens], device=dev),
+                               cache, decode_slots[1], length=longest,
                                read=slice(decoding[0], decoding[-1] + 1) if run else None,
-                               aligned=min(lens) == longest)
+                               aligned=aligned)
                 logits_parts.append(fwd.logits(h))
                 slot_order += decoding
                 stats.decode_tokens += len(decoding)
