@@ -85,8 +85,11 @@ CASES = {
                       own_network=True, overrides=["mesh.fsdp=2", "mesh.expert=2", "train.rows=88",
                                                    "train.row_len=256", "train.max_tokens=4096",
                                                    "service.buffer.max_trajectories=512"]),
+    # 8 of its 32 prompts a step and 32 of its 128 held-out tasks (both evaluations still run, at
+    # pass@4): three samplers generated ~1,500 samples for a two-step run, ~40 % of its CPU.
     "qwen3_gsm8k": Case("configs/qwen3_gsm8k.yaml", "mixrl-train", overrides=[
-        "train.rows=88", "train.row_len=256", "train.max_tokens=4096"]),
+        "train.prompts_per_step=8", "train.eval_tasks=32", "train.rows=88", "train.row_len=256",
+        "train.max_tokens=4096", "service.buffer.max_trajectories=128"]),
     # The agentic configs (env repo): prompts of ~1,300 tokens with the test tokenizer, so rows of
     # 2,048 and a sampler budget of 512 tokens after the prompt (episodes a random tiny model ends
     # within its first reply of 8 tokens anyway). local_agentic's warm start is its full run's
@@ -97,17 +100,22 @@ CASES = {
     "local_agentic": Case("configs/local_agentic.yaml", "mixrl-train", overrides=[
         "sft.steps=0", "train.prompts_per_step=1", "train.rows=4", "train.row_len=2048",
         "train.episode_tokens=512", "train.max_tokens=2048"], deadline_s=720),
+    # Its buffer holds the two steps' 16 episodes (local_agentic ships 32): its two spawned groups
+    # of capacity 32 each ran rounds of 64 sandboxed episodes the two steps never read.
     "qwen3_agentic": Case("configs/qwen3_agentic.yaml", "mixrl-train", overrides=[
         "train.prompts_per_step=1", "train.rows=8", "train.row_len=2048", "train.episode_tokens=512",
-        "train.max_tokens=4096", "train.micro_rows=4"], deadline_s=720),
+        "train.max_tokens=4096", "train.micro_rows=4", "service.buffer.max_trajectories=16"],
+        deadline_s=720),
 }
 
 
 # The keys the issue lets the test set (process counts go through the environment); the agentic
 # configs' episode budget, prompts per step and warm start too (issue 34: a short CPU form); the
-# buffer's bound too (issue 47: how far a sampler runs ahead of a two-step run, nothing it checks).
+# buffer's bound too (issue 47: how far a sampler runs ahead of a two-step run, nothing it checks),
+# and the held-out tasks' count (issue 47: the evaluations run at start and end all the same).
 ALLOWED = re.compile(r"(model\.hf_dir|mesh\.(data|fsdp|expert|tensor|dcn_data|dcn_fsdp)"
-                     r"|train\.(rows|row_len|max_tokens|micro_rows|episode_tokens|prompts_per_step)|sft\.steps"
+                     r"|train\.(rows|row_len|max_tokens|micro_rows|episode_tokens|prompts_per_step|eval_tasks)"
+                     r"|sft\.steps"
                      r"|tasks\.sampling\.max_new_tokens|run\.steps|service\.buffer\.max_trajectories)=")
 
 
@@ -283,11 +291,16 @@ def _run(name: str, shared: dict, tmp_path: Path, model: Path, overrides: list[s
             assert token_file.is_file(), f"no token in {token_file} once the service listens\n{logs()}"
 
         # The external sampler joins the evaluation group (the run waits on it), as a user would.
+        # Its capacity: a step's samples, up to 64. The agentic configs' CPU form trains 4 or 8
+        # episodes a step; rounds of 64 ~1,300-token episodes there were a third of the CPU of the
+        # file's longest config (qwen3_agentic: the external sampler 40 s of 175 s), all for
+        # samples the two steps never read.
         group = next(g for g in cfg.groups if g.name == cfg.eval_group)
+        capacity = min(64, cfg.train.prompts_per_step * cfg.tasks.group_size)
         scmd = [sys.executable, "-m", "sampler_torch.cli", "--trainer", address, "--group", group.name,
                 "--recipe", group.recipe, "--model-dir", str(model), "--token-file", str(token_file),
-                "--name", f"external-{name}", "--capacity", "64", "--weights-cache", str(tmp_path / "cache"),
-                "--exit-with-parent", str(os.getpid())]
+                "--name", f"external-{name}", "--capacity", str(capacity),
+                "--weights-cache", str(tmp_path / "cache"), "--exit-with-parent", str(os.getpid())]
         if not any(g.spawn for g in cfg.groups):
             # The run's only sampler: one torch thread, as spawned samplers have (groups[].threads).
             # Torch's default of one per core spent twice the CPU per sample of the tiny model in
