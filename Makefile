@@ -22,13 +22,11 @@ venv: $(STAMP)
 
 # $(call make_venv,DIR,EXTRAS): a venv at DIR with torch pinned (chosen as above), then the project
 # editable with EXTRAS; the stamp file is written last, so an interrupted install is redone.
-# --no-compile: pip would byte-compile every installed module (torch, jax, ray, transformers: 90 of
-# the install's 120 s of CPU here); Python compiles the ones a run imports, once, on first import.
 define make_venv
 	$(PYTHON) -m venv $(1)
 	$(1)/bin/python -m pip install -q --upgrade pip
-	$(1)/bin/python -m pip install -q --no-compile torch==$(TORCH_VERSION) $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
-	$(1)/bin/python -m pip install -q --no-compile -e '.[$(2)]'
+	$(1)/bin/python -m pip install -q torch==$(TORCH_VERSION) $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
+	$(1)/bin/python -m pip install -q -e '.[$(2)]'
 	touch $(1)/.mixrl-installed
 endef
 
