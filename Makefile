@@ -22,11 +22,17 @@ venv: $(STAMP)
 
 # $(call make_venv,DIR,EXTRAS): a venv at DIR with torch pinned (chosen as above), then the project
 # editable with EXTRAS; the stamp file is written last, so an interrupted install is redone.
+# Byte-compiled once, on every core: pip compiles what it installs file by file on one core (about
+# three quarters of the install's CPU: torch, jax, ray, transformers), and it must happen here,
+# since where PYTHONDONTWRITEBYTECODE is set nothing writes .pyc files later and every process
+# would compile each module it imports at each start. -qq: files that do not compile are skipped,
+# as pip skips them.
 define make_venv
 	$(PYTHON) -m venv $(1)
 	$(1)/bin/python -m pip install -q --upgrade pip
-	$(1)/bin/python -m pip install -q torch==$(TORCH_VERSION) $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
-	$(1)/bin/python -m pip install -q -e '.[$(2)]'
+	$(1)/bin/python -m pip install -q --no-compile torch==$(TORCH_VERSION) $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
+	$(1)/bin/python -m pip install -q --no-compile -e '.[$(2)]'
+	$(1)/bin/python -m compileall -qq -j 0 $(1)/lib || true
 	touch $(1)/.mixrl-installed
 endef
 

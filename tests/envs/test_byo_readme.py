@@ -78,7 +78,8 @@ def test_the_openenv_config_loads_and_its_commands_use_the_openenv_venv(tmp_path
     plan = subprocess.run(["make", "-n", "-B", "venv-openenv", "TORCH_INDEX="], cwd=REPO,
                           capture_output=True, text=True, timeout=60, check=True).stdout
     assert "python3 -m venv .venv-openenv" in plan
-    assert ".venv-openenv/bin/python -m pip install -q -e '.[openenv,test]'" in plan
+    assert ".venv-openenv/bin/python -m pip install -q --no-compile -e '.[openenv,test]'" in plan
+    assert ".venv-openenv/bin/python -m compileall -qq -j 0 .venv-openenv/lib" in plan
     assert ".venv-openenv/" in (REPO / ".gitignore").read_text().splitlines()
 
 
