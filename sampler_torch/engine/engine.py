@@ -411,7 +411,8 @@ class Engine:
                 longest = max(lens)
                 aligned = min(lens) == longest
                 if decoding != decode_slots[0]:  # the slots tensor is rebuilt only when they change
-                    decode_slots = (decoding, torch.tensor(decoding, device=dev))
+                    # a copy: the cache must not follow the list if it is ever changed in place
+                    decode_slots = (list(decoding), torch.tensor(decoding, device=dev))
                 h = fwd.decode(torch.tensor([next_token[s] for s in decoding], device=dev),
                                torch.full((len(decoding),), longest - 1, device=dev) if aligned
                                else torch.tensor([n - 1 for n in lens], device=dev),
